@@ -1,0 +1,218 @@
+# cython: language_level=3
+# Declarations of the parts of llama.h (and the ggml/gguf headers it includes) that the bindings use.
+# A signature that drifts upstream fails the Cython/C++ compile, not an import at run time.
+
+from libcpp cimport bool as cbool
+from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
+
+
+cdef extern from "ggml.h" nogil:
+    enum ggml_type:
+        GGML_TYPE_F32
+        GGML_TYPE_F16
+        GGML_TYPE_Q4_0
+        GGML_TYPE_Q4_1
+        GGML_TYPE_Q5_0
+        GGML_TYPE_Q5_1
+        GGML_TYPE_Q8_0
+        GGML_TYPE_BF16
+        GGML_TYPE_COUNT
+
+    enum ggml_log_level:
+        GGML_LOG_LEVEL_NONE
+        GGML_LOG_LEVEL_DEBUG
+        GGML_LOG_LEVEL_INFO
+        GGML_LOG_LEVEL_WARN
+        GGML_LOG_LEVEL_ERROR
+        GGML_LOG_LEVEL_CONT
+
+    ctypedef void (*ggml_log_callback)(ggml_log_level level, const char * text, void * user_data) noexcept nogil
+
+    ctypedef uint16_t ggml_fp16_t
+    ctypedef struct ggml_bf16_t:
+        uint16_t bits
+
+    struct ggml_tensor:
+        ggml_type type
+        int64_t ne[4]
+        char name[64]
+
+    int64_t ggml_nelements(const ggml_tensor * tensor)
+    size_t ggml_nbytes(const ggml_tensor * tensor)
+    const char * ggml_type_name(ggml_type type)
+    void ggml_fp32_to_fp16_row(const float * x, ggml_fp16_t * y, int64_t n)
+    void ggml_fp32_to_bf16_row(const float * x, ggml_bf16_t * y, int64_t n)
+
+
+
+cdef extern from "ggml-backend.h" nogil:
+    ctypedef struct ggml_backend_device:
+        pass
+    ctypedef ggml_backend_device * ggml_backend_dev_t
+    ctypedef struct ggml_backend_reg:
+        pass
+    ctypedef ggml_backend_reg * ggml_backend_reg_t
+
+    enum ggml_backend_dev_type_e "ggml_backend_dev_type":
+        GGML_BACKEND_DEVICE_TYPE_CPU
+        GGML_BACKEND_DEVICE_TYPE_GPU
+        GGML_BACKEND_DEVICE_TYPE_IGPU
+        GGML_BACKEND_DEVICE_TYPE_ACCEL
+        GGML_BACKEND_DEVICE_TYPE_META
+
+    size_t ggml_backend_dev_count()
+    ggml_backend_dev_t ggml_backend_dev_get(size_t index)
+    const char * ggml_backend_dev_name(ggml_backend_dev_t device)
+    const char * ggml_backend_dev_description(ggml_backend_dev_t device)
+    void ggml_backend_dev_memory(ggml_backend_dev_t device, size_t * free, size_t * total)
+    ggml_backend_dev_type_e ggml_backend_dev_type(ggml_backend_dev_t device)
+    ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device)
+    size_t ggml_backend_reg_count()
+    ggml_backend_reg_t ggml_backend_reg_get(size_t index)
+    const char * ggml_backend_reg_name(ggml_backend_reg_t reg)
+    size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg)
+    void ggml_backend_tensor_set(ggml_tensor * tensor, const void * data, size_t offset, size_t size)
+
+
+cdef extern from "gguf.h" nogil:
+    struct gguf_context:
+        pass
+    enum gguf_type:
+        GGUF_TYPE_UINT32
+        GGUF_TYPE_INT32
+        GGUF_TYPE_FLOAT32
+
+    gguf_context * gguf_init_empty()
+    void gguf_free(gguf_context * ctx)
+    void gguf_set_val_u32(gguf_context * ctx, const char * key, uint32_t val)
+    void gguf_set_val_i32(gguf_context * ctx, const char * key, int32_t val)
+    void gguf_set_val_f32(gguf_context * ctx, const char * key, float val)
+    void gguf_set_val_bool(gguf_context * ctx, const char * key, bint val)
+    void gguf_set_val_str(gguf_context * ctx, const char * key, const char * val)
+    void gguf_set_arr_data(gguf_context * ctx, const char * key, gguf_type type, const void * data, size_t n)
+    void gguf_set_arr_str(gguf_context * ctx, const char * key, const char ** data, size_t n)
+    void gguf_add_tensor(gguf_context * ctx, const ggml_tensor * tensor)
+
+
+cdef extern from "llama.h" nogil:
+    struct llama_vocab:
+        pass
+    struct llama_model:
+        pass
+    struct llama_context:
+        pass
+    struct llama_memory_i:
+        pass
+    ctypedef llama_memory_i * llama_memory_t
+
+    ctypedef int32_t llama_pos
+    ctypedef int32_t llama_token
+    ctypedef int32_t llama_seq_id
+
+    enum llama_split_mode:
+        LLAMA_SPLIT_MODE_NONE
+        LLAMA_SPLIT_MODE_LAYER
+        LLAMA_SPLIT_MODE_ROW
+        LLAMA_SPLIT_MODE_TENSOR
+
+    enum llama_flash_attn_type:
+        LLAMA_FLASH_ATTN_TYPE_AUTO
+        LLAMA_FLASH_ATTN_TYPE_DISABLED
+        LLAMA_FLASH_ATTN_TYPE_ENABLED
+
+    enum llama_load_mode:
+        LLAMA_LOAD_MODE_AUTO
+        LLAMA_LOAD_MODE_NONE
+        LLAMA_LOAD_MODE_MMAP
+
+    ctypedef cbool (*llama_progress_callback)(float progress, void * user_data) noexcept nogil
+    ctypedef void (*llama_model_set_tensor_data_t)(ggml_tensor * tensor, void * userdata) noexcept nogil
+
+    ctypedef struct llama_batch:
+        int32_t n_tokens
+        llama_token * token
+        float * embd
+        llama_pos * pos
+        int32_t * n_seq_id
+        llama_seq_id ** seq_id
+        int8_t * logits
+
+    struct llama_model_params:
+        ggml_backend_dev_t * devices
+        int32_t n_gpu_layers
+        llama_split_mode split_mode
+        llama_load_mode load_mode
+        int32_t main_gpu
+        const float * tensor_split
+        llama_progress_callback progress_callback
+        void * progress_callback_user_data
+        bint vocab_only
+        bint check_tensors
+
+    struct llama_context_params:
+        uint32_t n_ctx
+        uint32_t n_batch
+        uint32_t n_ubatch
+        uint32_t n_seq_max
+        int32_t n_threads
+        int32_t n_threads_batch
+        llama_flash_attn_type flash_attn_type
+        ggml_type type_k
+        ggml_type type_v
+        bint embeddings
+        bint offload_kqv
+        bint no_perf
+        bint op_offload
+
+    const char * llama_version()
+    llama_model_params llama_model_default_params()
+    llama_context_params llama_context_default_params()
+    void llama_backend_init()
+    void llama_log_set(ggml_log_callback log_callback, void * user_data)
+    const char * llama_print_system_info()
+    size_t llama_max_devices()
+    bint llama_supports_gpu_offload()
+
+    llama_model * llama_model_load_from_file(const char * path_model, llama_model_params params)
+    llama_model * llama_model_init_from_user(gguf_context * metadata, llama_model_set_tensor_data_t set_tensor_data,
+                                             void * set_tensor_data_ud, llama_model_params params)
+    void llama_model_free(llama_model * model)
+    llama_context * llama_init_from_model(llama_model * model, llama_context_params params)
+    void llama_free(llama_context * ctx)
+
+    const llama_vocab * llama_model_get_vocab(const llama_model * model)
+    int32_t llama_model_n_ctx_train(const llama_model * model)
+    int32_t llama_model_n_embd(const llama_model * model)
+    int32_t llama_model_n_layer(const llama_model * model)
+    int32_t llama_model_desc(const llama_model * model, char * buf, size_t buf_size)
+    uint64_t llama_model_size(const llama_model * model)
+    uint64_t llama_model_n_params(const llama_model * model)
+    int32_t llama_model_meta_val_str(const llama_model * model, const char * key, char * buf, size_t buf_size)
+
+    uint32_t llama_n_ctx(const llama_context * ctx)
+    uint32_t llama_n_batch(const llama_context * ctx)
+    uint32_t llama_n_ubatch(const llama_context * ctx)
+    llama_memory_t llama_get_memory(const llama_context * ctx)
+    void llama_memory_clear(llama_memory_t mem, bint data)
+    bint llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1)
+    llama_pos llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq_id)
+
+    llama_batch llama_batch_get_one(llama_token * tokens, int32_t n_tokens)
+    llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max)
+    void llama_batch_free(llama_batch batch)
+    int32_t llama_decode(llama_context * ctx, llama_batch batch)
+    void llama_set_n_threads(llama_context * ctx, int32_t n_threads, int32_t n_threads_batch)
+    void llama_synchronize(llama_context * ctx)
+    float * llama_get_logits_ith(llama_context * ctx, int32_t i)
+
+    int32_t llama_vocab_n_tokens(const llama_vocab * vocab)
+    llama_token llama_vocab_bos(const llama_vocab * vocab)
+    llama_token llama_vocab_eos(const llama_vocab * vocab)
+    bint llama_vocab_is_eog(const llama_vocab * vocab, llama_token token)
+    bint llama_vocab_get_add_bos(const llama_vocab * vocab)
+    int32_t llama_tokenize(const llama_vocab * vocab, const char * text, int32_t text_len, llama_token * tokens,
+                           int32_t n_tokens_max, bint add_special, bint parse_special)
+    int32_t llama_token_to_piece(const llama_vocab * vocab, llama_token token, char * buf, int32_t length,
+                                 int32_t lstrip, bint special)
+    int32_t llama_detokenize(const llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens, char * text,
+                             int32_t text_len_max, bint remove_special, bint unparse_special)

@@ -1,0 +1,746 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Low-level bindings over llama.h. The user-facing API is pyllama_so.Llama (llama.py).
+
+Every C call that can take long (model load, decode) runs with the GIL released. Return codes of
+the C API are turned into Python exceptions in one place: _check_decode() and _null_check().
+"""
+
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport malloc, free, calloc
+from libc.string cimport memcpy, memset, strncpy, strlen
+from libc.math cimport sqrt, log, cos, fabs
+from libc.stdio cimport fputs, fflush, stderr
+from cpython.bytes cimport PyBytes_FromStringAndSize
+
+import numpy as np
+
+__all__ = [
+    "LlamaError", "ModelLoadError", "ContextFullError", "DecodeError",
+    "Model", "Context", "devices", "backends", "system_info", "set_log_level", "upstream_version",
+    "max_devices", "supports_gpu_offload", "SPLIT_MODES", "FLASH_ATTN", "CACHE_TYPES",
+]
+
+
+class LlamaError(RuntimeError):
+    """An error reported by llama.cpp."""
+
+
+class ModelLoadError(LlamaError, ValueError):
+    """The model file (or metadata) could not be turned into a model."""
+
+
+class ContextFullError(LlamaError):
+    """The KV cache has no room for the batch: raise n_ctx or clear the context."""
+
+
+class DecodeError(LlamaError):
+    """llama_decode failed for a reason other than a full context."""
+
+
+SPLIT_MODES = {"none": LLAMA_SPLIT_MODE_NONE, "layer": LLAMA_SPLIT_MODE_LAYER,
+               "row": LLAMA_SPLIT_MODE_ROW, "tensor": LLAMA_SPLIT_MODE_TENSOR}
+FLASH_ATTN = {"auto": LLAMA_FLASH_ATTN_TYPE_AUTO, "off": LLAMA_FLASH_ATTN_TYPE_DISABLED,
+              "on": LLAMA_FLASH_ATTN_TYPE_ENABLED}
+CACHE_TYPES = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16, "bf16": GGML_TYPE_BF16, "q8_0": GGML_TYPE_Q8_0,
+               "q4_0": GGML_TYPE_Q4_0, "q4_1": GGML_TYPE_Q4_1, "q5_0": GGML_TYPE_Q5_0, "q5_1": GGML_TYPE_Q5_1}
+_WEIGHT_TYPES = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16, "bf16": GGML_TYPE_BF16}
+
+
+# ---------------------------------------------------------------------------------------------
+# logging: llama.cpp logs from any thread, so the callback touches no Python object.
+
+cdef int _log_threshold = GGML_LOG_LEVEL_WARN
+cdef bint _log_last_shown = False
+cdef char _last_error[1024]
+_last_error[0] = 0
+
+cdef void _log_callback(ggml_log_level level, const char * text, void * user_data) noexcept nogil:
+    global _log_last_shown
+    cdef bint show
+    if level == GGML_LOG_LEVEL_CONT:
+        show = _log_last_shown
+    else:
+        show = level != GGML_LOG_LEVEL_NONE and <int> level >= _log_threshold
+        if level == GGML_LOG_LEVEL_ERROR:
+            strncpy(_last_error, text, sizeof(_last_error) - 1)
+            _last_error[sizeof(_last_error) - 1] = 0
+    if show:
+        fputs(text, stderr)
+        fflush(stderr)
+    _log_last_shown = show
+
+_LOG_LEVELS = {"debug": GGML_LOG_LEVEL_DEBUG, "info": GGML_LOG_LEVEL_INFO, "warn": GGML_LOG_LEVEL_WARN,
+               "error": GGML_LOG_LEVEL_ERROR, "none": 99}
+
+
+def set_log_level(str level):
+    """Show llama.cpp log lines at this level and above: debug, info, warn (default), error, none."""
+    global _log_threshold
+    try:
+        _log_threshold = _LOG_LEVELS[level]
+    except KeyError:
+        raise ValueError(f"unknown log level {level!r}; expected one of {sorted(_LOG_LEVELS)}") from None
+
+
+cdef str _take_last_error():
+    msg = (<bytes> _last_error).decode("utf-8", "replace").strip()
+    _last_error[0] = 0
+    return msg
+
+
+cdef _check_decode(int rc, str what):
+    """The one place where llama_decode's return codes become exceptions."""
+    if rc == 0:
+        return
+    if rc == 1:
+        raise ContextFullError(f"{what}: no KV-cache slot for the batch (the context is full; raise n_ctx)")
+    if rc == 2:
+        raise DecodeError(f"{what}: aborted")
+    detail = _take_last_error()
+    if rc == -1:
+        raise ValueError(f"{what}: invalid batch" + (f" ({detail})" if detail else ""))
+    raise DecodeError(f"{what}: llama_decode returned {rc}" + (f": {detail}" if detail else ""))
+
+
+cdef _null_check(const void * ptr, exc_type, str what):
+    if ptr == NULL:
+        detail = _take_last_error()
+        raise exc_type(what + (f": {detail}" if detail else ""))
+
+
+llama_backend_init()
+llama_log_set(_log_callback, NULL)
+
+
+def upstream_version():
+    """llama.cpp's own version string."""
+    return (<bytes> llama_version()).decode()
+
+
+def system_info():
+    return (<bytes> llama_print_system_info()).decode()
+
+
+def max_devices():
+    return llama_max_devices()
+
+
+def supports_gpu_offload():
+    return llama_supports_gpu_offload()
+
+
+_DEV_TYPES = {GGML_BACKEND_DEVICE_TYPE_CPU: "cpu", GGML_BACKEND_DEVICE_TYPE_GPU: "gpu",
+              GGML_BACKEND_DEVICE_TYPE_IGPU: "igpu", GGML_BACKEND_DEVICE_TYPE_ACCEL: "accel",
+              GGML_BACKEND_DEVICE_TYPE_META: "meta"}
+
+
+def devices():
+    """Every ggml backend device: index, name, description, type, backend, memory."""
+    out = []
+    cdef size_t i, free_mem, total_mem
+    cdef ggml_backend_dev_t dev
+    for i in range(ggml_backend_dev_count()):
+        dev = ggml_backend_dev_get(i)
+        ggml_backend_dev_memory(dev, &free_mem, &total_mem)
+        out.append({
+            "index": i,
+            "name": (<bytes> ggml_backend_dev_name(dev)).decode(),
+            "description": (<bytes> ggml_backend_dev_description(dev)).decode(),
+            "type": _DEV_TYPES.get(ggml_backend_dev_type(dev), "unknown"),
+            "backend": (<bytes> ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev))).decode(),
+            "memory_free": free_mem,
+            "memory_total": total_mem,
+        })
+    return out
+
+
+def backends():
+    """Names of the registered backends that have at least one device."""
+    cdef size_t i
+    cdef ggml_backend_reg_t reg
+    out = []
+    for i in range(ggml_backend_reg_count()):
+        reg = ggml_backend_reg_get(i)
+        if ggml_backend_reg_dev_count(reg) > 0:
+            out.append((<bytes> ggml_backend_reg_name(reg)).decode())
+    return out
+
+
+def _gpu_device_count():
+    return sum(1 for d in devices() if d["type"] in ("gpu", "igpu"))
+
+
+# ---------------------------------------------------------------------------------------------
+# model
+
+cdef cbool _silent_progress(float progress, void * user_data) noexcept nogil:
+    return True
+
+
+cdef cbool _python_progress(float progress, void * user_data) noexcept nogil:
+    with gil:
+        try:
+            return bool((<object> user_data)(progress))
+        except BaseException:
+            return False
+
+
+cdef struct _RandomInit:
+    uint64_t seed
+    float stdev
+    int failed
+
+
+cdef inline uint64_t _splitmix64(uint64_t * state) noexcept nogil:
+    state[0] += 0x9E3779B97F4A7C15ULL
+    cdef uint64_t z = state[0]
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
+    return z ^ (z >> 31)
+
+
+cdef inline double _uniform01(uint64_t * state) noexcept nogil:
+    return ((_splitmix64(state) >> 11) + 0.5) * (1.0 / 9007199254740992.0)
+
+
+cdef void _fill_random(ggml_tensor * tensor, void * userdata) noexcept nogil:
+    """Normal(0, stdev) weights, a pure function of (seed, tensor name): reproducible on any device."""
+    cdef _RandomInit * p = <_RandomInit *> userdata
+    cdef uint64_t state = p.seed
+    cdef size_t k = 0
+    while tensor.name[k] != 0:                      # FNV-1a of the name, mixed into the seed
+        state = (state ^ <unsigned char> tensor.name[k]) * 0x100000001B3ULL
+        k += 1
+    cdef int64_t n = ggml_nelements(tensor), i
+    cdef float * f32 = <float *> malloc(n * sizeof(float))
+    cdef void * out = NULL
+    cdef double u1, u2
+    if f32 == NULL:
+        p.failed = 1
+        return
+    for i in range(n):
+        u1 = _uniform01(&state)
+        u2 = _uniform01(&state)
+        f32[i] = <float> (p.stdev * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2))
+    if tensor.type == GGML_TYPE_F32:
+        ggml_backend_tensor_set(tensor, f32, 0, ggml_nbytes(tensor))
+    elif tensor.type == GGML_TYPE_F16 or tensor.type == GGML_TYPE_BF16:
+        out = malloc(n * sizeof(uint16_t))
+        if out == NULL:
+            p.failed = 1
+        else:
+            if tensor.type == GGML_TYPE_F16:
+                ggml_fp32_to_fp16_row(f32, <ggml_fp16_t *> out, n)
+            else:
+                ggml_fp32_to_bf16_row(f32, <ggml_bf16_t *> out, n)
+            ggml_backend_tensor_set(tensor, out, 0, ggml_nbytes(tensor))
+            free(out)
+    else:
+        p.failed = 2
+    free(f32)
+
+
+cdef gguf_context * _gguf_from_dict(dict kv, dict tensor_types) except NULL:
+    cdef gguf_context * g = gguf_init_empty()
+    cdef ggml_tensor t
+    cdef const char ** strs = NULL
+    cdef int32_t[::1] i32
+    cdef float[::1] f32
+    try:
+        for key, val in kv.items():
+            bkey = key.encode()
+            if isinstance(val, bool):
+                gguf_set_val_bool(g, bkey, val)
+            elif isinstance(val, int):
+                if val < 0:
+                    gguf_set_val_i32(g, bkey, val)
+                else:
+                    gguf_set_val_u32(g, bkey, val)
+            elif isinstance(val, float):
+                gguf_set_val_f32(g, bkey, val)
+            elif isinstance(val, str):
+                gguf_set_val_str(g, bkey, val.encode())
+            elif isinstance(val, (list, tuple)) and val and all(isinstance(v, str) for v in val):
+                items = [v.encode() for v in val]
+                strs = <const char **> malloc(len(items) * sizeof(char *))
+                for j, b in enumerate(items):
+                    strs[j] = b
+                gguf_set_arr_str(g, bkey, strs, len(items))
+                free(strs)
+                strs = NULL
+            elif isinstance(val, (list, tuple, np.ndarray)) and len(val) and all(isinstance(v, (int, np.integer)) for v in val):
+                i32 = np.ascontiguousarray(val, dtype=np.int32)
+                gguf_set_arr_data(g, bkey, GGUF_TYPE_INT32, &i32[0], i32.shape[0])
+            elif isinstance(val, (list, tuple, np.ndarray)) and len(val):
+                f32 = np.ascontiguousarray(val, dtype=np.float32)
+                gguf_set_arr_data(g, bkey, GGUF_TYPE_FLOAT32, &f32[0], f32.shape[0])
+            else:
+                raise TypeError(f"metadata value for {key!r} has an unsupported type: {type(val).__name__}")
+        for name, tname in (tensor_types or {}).items():
+            if tname not in _WEIGHT_TYPES:
+                raise ValueError(f"tensor type {tname!r} for {name!r}: expected one of {sorted(_WEIGHT_TYPES)}")
+            bname = name.encode()
+            if len(bname) >= 64:
+                raise ValueError(f"tensor name too long: {name!r}")
+            memset(&t, 0, sizeof(t))
+            t.type = _WEIGHT_TYPES[tname]
+            strncpy(t.name, bname, 63)
+            gguf_add_tensor(g, &t)
+    except BaseException:
+        free(strs)
+        gguf_free(g)
+        raise
+    return g
+
+
+cdef class Model:
+    """A loaded llama_model. Free it with free() (idempotent) after every Context on it is freed."""
+
+    cdef llama_model * ptr
+    cdef const llama_vocab * vocab
+    cdef int live_contexts
+    cdef readonly object path
+
+    def __dealloc__(self):
+        if self.ptr != NULL and self.live_contexts == 0:
+            llama_model_free(self.ptr)
+            self.ptr = NULL
+
+    @staticmethod
+    cdef llama_model_params _params(int n_gpu_layers, str split_mode, int main_gpu, float * split_buf,
+                                    object tensor_split, bint use_mmap) except *:
+        cdef llama_model_params p = llama_model_default_params()
+        if split_mode not in SPLIT_MODES:
+            raise ValueError(f"unknown split_mode {split_mode!r}; expected one of {list(SPLIT_MODES)}")
+        p.n_gpu_layers = n_gpu_layers
+        p.split_mode = SPLIT_MODES[split_mode]
+        p.main_gpu = main_gpu
+        p.load_mode = LLAMA_LOAD_MODE_AUTO if use_mmap else LLAMA_LOAD_MODE_NONE
+        p.progress_callback = _silent_progress
+        if tensor_split is not None:
+            for i, v in enumerate(tensor_split):
+                split_buf[i] = v
+            p.tensor_split = split_buf
+        return p
+
+    @staticmethod
+    def load(path, *, int n_gpu_layers=-1, str split_mode="layer", int main_gpu=0, tensor_split=None,
+             bint use_mmap=True, progress=None):
+        """Load a GGUF file. Raises FileNotFoundError, or ModelLoadError for a file llama.cpp rejects."""
+        cdef Model self = Model.__new__(Model)
+        cdef float * split_buf = <float *> calloc(llama_max_devices(), sizeof(float))
+        cdef llama_model_params p
+        cdef bytes bpath = str(path).encode()
+        cdef const char * cpath = bpath
+        try:
+            p = Model._params(n_gpu_layers, split_mode, main_gpu, split_buf, tensor_split, use_mmap)
+            if progress is not None:
+                p.progress_callback = _python_progress
+                p.progress_callback_user_data = <void *> progress
+            _take_last_error()
+            with nogil:
+                self.ptr = llama_model_load_from_file(cpath, p)
+        finally:
+            free(split_buf)
+        _null_check(self.ptr, ModelLoadError, f"failed to load model from {path}")
+        self.vocab = llama_model_get_vocab(self.ptr)
+        self.path = str(path)
+        return self
+
+    @staticmethod
+    def from_metadata(dict kv, dict tensor_types=None, *, uint64_t seed=42, float stdev=0.1,
+                      int n_gpu_layers=-1, str split_mode="layer", int main_gpu=0, tensor_split=None):
+        """A random-weight model made by llama_model_init_from_user from GGUF metadata (no file).
+
+        Tensors are F32 unless tensor_types maps their names to "f16"/"bf16". Weights are normal with
+        the given stdev, a pure function of (seed, tensor name).
+        """
+        cdef Model self = Model.__new__(Model)
+        cdef float * split_buf = <float *> calloc(llama_max_devices(), sizeof(float))
+        cdef gguf_context * g = NULL
+        cdef _RandomInit init
+        cdef llama_model_params p
+        init.seed = seed
+        init.stdev = stdev
+        init.failed = 0
+        try:
+            p = Model._params(n_gpu_layers, split_mode, main_gpu, split_buf, tensor_split, True)
+            g = _gguf_from_dict(kv, tensor_types or {})
+            _take_last_error()
+            with nogil:
+                self.ptr = llama_model_init_from_user(g, _fill_random, &init, p)
+        finally:
+            free(split_buf)
+            if g != NULL:
+                gguf_free(g)
+        _null_check(self.ptr, ModelLoadError, "llama_model_init_from_user failed")
+        if init.failed:
+            llama_model_free(self.ptr)
+            self.ptr = NULL
+            raise ModelLoadError("could not initialise the tensors (out of memory or unsupported type)")
+        self.vocab = llama_model_get_vocab(self.ptr)
+        self.path = None
+        return self
+
+    cdef void _check_open(self) except *:
+        if self.ptr == NULL:
+            raise ValueError("the model is closed")
+
+    def free(self):
+        """Free the model. Idempotent. Every Context on it must be freed first."""
+        if self.ptr == NULL:
+            return
+        if self.live_contexts:
+            raise LlamaError(f"{self.live_contexts} context(s) still use this model: free them first")
+        llama_model_free(self.ptr)
+        self.ptr = NULL
+
+    @property
+    def closed(self):
+        return self.ptr == NULL
+
+    @property
+    def n_vocab(self):
+        self._check_open()
+        return llama_vocab_n_tokens(self.vocab)
+
+    @property
+    def n_embd(self):
+        self._check_open()
+        return llama_model_n_embd(self.ptr)
+
+    @property
+    def n_layer(self):
+        self._check_open()
+        return llama_model_n_layer(self.ptr)
+
+    @property
+    def n_ctx_train(self):
+        self._check_open()
+        return llama_model_n_ctx_train(self.ptr)
+
+    @property
+    def n_params(self):
+        self._check_open()
+        return llama_model_n_params(self.ptr)
+
+    @property
+    def size(self):
+        """Bytes of weights."""
+        self._check_open()
+        return llama_model_size(self.ptr)
+
+    @property
+    def desc(self):
+        cdef char buf[256]
+        self._check_open()
+        llama_model_desc(self.ptr, buf, sizeof(buf))
+        return (<bytes> buf).decode("utf-8", "replace")
+
+    def meta(self, str key):
+        """A metadata value as a string, or None."""
+        cdef char buf[1024]
+        self._check_open()
+        n = llama_model_meta_val_str(self.ptr, key.encode(), buf, sizeof(buf))
+        return None if n < 0 else (<bytes> buf).decode("utf-8", "replace")
+
+    @property
+    def token_bos(self):
+        self._check_open()
+        return llama_vocab_bos(self.vocab)
+
+    @property
+    def token_eos(self):
+        self._check_open()
+        return llama_vocab_eos(self.vocab)
+
+    @property
+    def add_bos(self):
+        self._check_open()
+        return llama_vocab_get_add_bos(self.vocab)
+
+    def is_eog(self, int token):
+        self._check_open()
+        return llama_vocab_is_eog(self.vocab, token)
+
+    def tokenize(self, text, *, bint add_special=True, bint parse_special=False):
+        """Text (str or UTF-8 bytes) to an int32 numpy array of token ids."""
+        self._check_open()
+        cdef bytes b = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        cdef int32_t n_max = len(b) + 8
+        cdef int32_t[::1] out = np.empty(n_max, dtype=np.int32)
+        cdef int32_t n = llama_tokenize(self.vocab, b, len(b), &out[0], n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            out = np.empty(n_max, dtype=np.int32)
+            n = llama_tokenize(self.vocab, b, len(b), &out[0], n_max, add_special, parse_special)
+        if n < 0:
+            raise LlamaError("tokenization failed")
+        return np.asarray(out[:n]).copy()
+
+    def detokenize_bytes(self, tokens, *, bint remove_special=False, bint unparse_special=False):
+        self._check_open()
+        cdef int32_t[::1] toks = self._tokens(tokens)
+        cdef int32_t n_tok = toks.shape[0]
+        if n_tok == 0:
+            return b""
+        cdef int32_t cap = n_tok * 8 + 16
+        cdef char * buf = <char *> malloc(cap)
+        cdef int32_t n
+        try:
+            n = llama_detokenize(self.vocab, &toks[0], n_tok, buf, cap, remove_special, unparse_special)
+            if n < 0:
+                cap = -n
+                free(buf)
+                buf = <char *> malloc(cap)
+                n = llama_detokenize(self.vocab, &toks[0], n_tok, buf, cap, remove_special, unparse_special)
+            if n < 0:
+                raise LlamaError("detokenization failed")
+            return PyBytes_FromStringAndSize(buf, n)
+        finally:
+            free(buf)
+
+    def token_to_piece(self, int token, *, bint special=False):
+        cdef char buf[256]
+        self._check_open()
+        n = llama_token_to_piece(self.vocab, token, buf, sizeof(buf), 0, special)
+        if n < 0:
+            raise LlamaError(f"token {token}: piece longer than {sizeof(buf)} bytes")
+        return PyBytes_FromStringAndSize(buf, n)
+
+    cdef int32_t[::1] _tokens(self, tokens):
+        arr = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        n_vocab = llama_vocab_n_tokens(self.vocab)
+        if arr.size and (arr.min() < 0 or arr.max() >= n_vocab):
+            raise ValueError(f"token id out of range [0, {n_vocab})")
+        return arr
+
+
+# ---------------------------------------------------------------------------------------------
+# context
+
+cdef class Context:
+    """A llama_context on a Model, with one reusable batch. Free with free() (idempotent)."""
+
+    cdef llama_context * ptr
+    cdef readonly Model model
+    cdef llama_batch batch
+    cdef int32_t batch_cap
+    cdef int32_t n_last_outputs
+    cdef uint64_t rng
+
+    def __cinit__(self):
+        self.ptr = NULL
+        self.batch_cap = 0
+
+    def __init__(self, Model model, *, int n_ctx=0, int n_batch=2048, int n_ubatch=512, int n_seq_max=1,
+                 int n_threads=-1, int n_threads_batch=-1, str flash_attn="auto", str type_k="f16",
+                 str type_v="f16", bint offload_kqv=True, bint op_offload=True):
+        model._check_open()
+        if flash_attn not in FLASH_ATTN:
+            raise ValueError(f"unknown flash_attn {flash_attn!r}; expected one of {list(FLASH_ATTN)}")
+        for name, t in (("type_k", type_k), ("type_v", type_v)):
+            if t not in CACHE_TYPES:
+                raise ValueError(f"unknown {name} {t!r}; expected one of {list(CACHE_TYPES)}")
+        cdef llama_context_params p = llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = n_batch
+        p.n_ubatch = n_ubatch
+        p.n_seq_max = n_seq_max
+        if n_threads > 0:
+            p.n_threads = n_threads
+        if n_threads_batch > 0:
+            p.n_threads_batch = n_threads_batch
+        elif n_threads > 0:
+            p.n_threads_batch = n_threads
+        p.flash_attn_type = FLASH_ATTN[flash_attn]
+        p.type_k = CACHE_TYPES[type_k]
+        p.type_v = CACHE_TYPES[type_v]
+        p.offload_kqv = offload_kqv
+        p.op_offload = op_offload
+        p.no_perf = True
+        _take_last_error()
+        with nogil:
+            self.ptr = llama_init_from_model(model.ptr, p)
+        _null_check(self.ptr, LlamaError, "failed to create the context")
+        self.model = model
+        model.live_contexts += 1
+        self.batch_cap = llama_n_batch(self.ptr)
+        self.batch = llama_batch_init(self.batch_cap, 0, 1)
+        self.rng = 0x2545F4914F6CDD1DULL
+
+    def __dealloc__(self):
+        self._release()
+
+    cdef void _release(self) noexcept:
+        if self.ptr != NULL:
+            llama_free(self.ptr)
+            self.ptr = NULL
+            llama_batch_free(self.batch)
+            self.batch_cap = 0
+            if self.model is not None:
+                self.model.live_contexts -= 1
+
+    def free(self):
+        """Free the context (idempotent)."""
+        self._release()
+
+    cdef void _check_open(self) except *:
+        if self.ptr == NULL:
+            raise ValueError("the context is closed")
+
+    @property
+    def closed(self):
+        return self.ptr == NULL
+
+    @property
+    def n_ctx(self):
+        self._check_open()
+        return llama_n_ctx(self.ptr)
+
+    @property
+    def n_batch(self):
+        self._check_open()
+        return llama_n_batch(self.ptr)
+
+    @property
+    def n_ubatch(self):
+        self._check_open()
+        return llama_n_ubatch(self.ptr)
+
+    def n_past(self, int seq_id=0):
+        """Tokens held in the KV cache for a sequence."""
+        self._check_open()
+        return llama_memory_seq_pos_max(llama_get_memory(self.ptr), seq_id) + 1
+
+    def clear(self, bint data=False):
+        """Empty the KV cache (and the recurrent state)."""
+        self._check_open()
+        llama_memory_clear(llama_get_memory(self.ptr), data)
+
+    def truncate(self, int n_keep, int seq_id=0):
+        """Drop every cached position >= n_keep of a sequence."""
+        self._check_open()
+        if not llama_memory_seq_rm(llama_get_memory(self.ptr), seq_id, n_keep, -1):
+            raise LlamaError("this model's memory cannot drop part of a sequence")
+
+    def set_threads(self, int n_threads, int n_threads_batch=-1):
+        self._check_open()
+        llama_set_n_threads(self.ptr, n_threads, n_threads_batch if n_threads_batch > 0 else n_threads)
+
+    def synchronize(self):
+        self._check_open()
+        with nogil:
+            llama_synchronize(self.ptr)
+
+    def decode(self, tokens, *, int seq_id=0, bint all_logits=False):
+        """Append tokens to a sequence; return logits as a float32 array of shape (n_out, n_vocab).
+
+        n_out is len(tokens) with all_logits, else 1 (the last token). The batch is cut into
+        n_batch-sized llama_decode calls; the GIL is released during each.
+        """
+        self._check_open()
+        cdef int32_t[::1] toks = self.model._tokens(tokens)
+        cdef int32_t n = toks.shape[0]
+        if n == 0:
+            raise ValueError("no tokens to decode")
+        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        cdef int32_t n_ctx = llama_n_ctx(self.ptr)
+        cdef llama_pos pos0 = llama_memory_seq_pos_max(llama_get_memory(self.ptr), seq_id) + 1
+        if pos0 + n > n_ctx:
+            raise ContextFullError(f"{pos0} cached + {n} new tokens exceed the context of {n_ctx} tokens")
+        out = np.empty((n if all_logits else 1, n_vocab), dtype=np.float32)
+        cdef float[:, ::1] out_mv = out
+        cdef int32_t done = 0, chunk, i, row = 0, rc
+        cdef bint want
+        cdef float * src
+        while done < n:
+            chunk = min(n - done, self.batch_cap)
+            for i in range(chunk):
+                self.batch.token[i] = toks[done + i]
+                self.batch.pos[i] = pos0 + done + i
+                self.batch.n_seq_id[i] = 1
+                self.batch.seq_id[i][0] = seq_id
+                want = all_logits or done + i == n - 1
+                self.batch.logits[i] = want
+            self.batch.n_tokens = chunk
+            with nogil:
+                rc = llama_decode(self.ptr, self.batch)
+            _check_decode(rc, "decode")
+            for i in range(chunk):
+                if self.batch.logits[i]:
+                    src = llama_get_logits_ith(self.ptr, i)
+                    if src == NULL:
+                        raise DecodeError("no logits for an output token")
+                    memcpy(&out_mv[row, 0], src, n_vocab * sizeof(float))
+                    row += 1
+            self.n_last_outputs = row
+            done += chunk
+        return out
+
+    def logits_view(self, int i=-1):
+        """Zero-copy view of output i of the last llama_decode; valid until the next decode."""
+        self._check_open()
+        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        cdef float * src = llama_get_logits_ith(self.ptr, i)
+        if src == NULL:
+            raise IndexError(f"no logits for output {i}")
+        view = np.asarray(<float[:n_vocab]> src)
+        view.flags.writeable = False
+        return view
+
+    # -- benchmark loops: the same calls as upstream's llama-bench, with no Python in between --
+
+    cdef inline llama_token _rand_token(self, int32_t n_vocab) noexcept nogil:
+        self.rng ^= self.rng << 13
+        self.rng ^= self.rng >> 7
+        self.rng ^= self.rng << 17
+        return <llama_token> (self.rng % <uint64_t> n_vocab)
+
+    def run_prompt(self, int n_prompt, int n_batch):
+        """Decode n_prompt random tokens in batches of n_batch (one output), then synchronize."""
+        self._check_open()
+        if n_batch > self.batch_cap:
+            raise ValueError(f"n_batch {n_batch} exceeds the context's n_batch {self.batch_cap}")
+        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        cdef bint add_bos = llama_vocab_get_add_bos(self.model.vocab)
+        cdef llama_token bos = llama_vocab_bos(self.model.vocab)
+        cdef int32_t done = 0, chunk, i, rc = 0
+        with nogil:
+            while done < n_prompt:
+                chunk = min(n_prompt - done, n_batch)
+                for i in range(chunk):
+                    self.batch.token[i] = self._rand_token(n_vocab)
+                if done == 0 and add_bos:
+                    self.batch.token[0] = bos
+                rc = llama_decode(self.ptr, llama_batch_get_one(self.batch.token, chunk))
+                if rc != 0:
+                    break
+                done += chunk
+            if rc == 0:
+                llama_synchronize(self.ptr)
+        _check_decode(rc, "prompt run")
+
+    def run_gen(self, int n_gen):
+        """Decode n_gen single random tokens, synchronizing after each (as llama-bench's tg)."""
+        self._check_open()
+        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        cdef llama_pos pos = llama_memory_seq_pos_max(llama_get_memory(self.ptr), 0) + 1
+        cdef int32_t i, rc = 0
+        cdef llama_token tok = llama_vocab_bos(self.model.vocab) if llama_vocab_get_add_bos(self.model.vocab) \
+            else self._rand_token(n_vocab)
+        with nogil:
+            for i in range(n_gen):
+                self.batch.token[0] = tok
+                self.batch.pos[0] = pos
+                self.batch.n_seq_id[0] = 1
+                self.batch.seq_id[0][0] = 0
+                self.batch.logits[0] = 1
+                self.batch.n_tokens = 1
+                rc = llama_decode(self.ptr, self.batch)
+                if rc != 0:
+                    break
+                llama_synchronize(self.ptr)
+                pos += 1
+                tok = self._rand_token(n_vocab)
+        _check_decode(rc, "generation run")

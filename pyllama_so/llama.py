@@ -1,0 +1,348 @@
+"""The high-level `Llama` class: a model and a context with llama-cpp-python's names.
+
+    with Llama("model.gguf", split_mode="tensor") as llm:
+        out = llm.create_completion("Hello", max_tokens=16)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pyllama_so import _llama
+from pyllama_so._llama import ContextFullError, ModelLoadError
+from pyllama_so.sampling import SamplingParams, sample
+
+_GGUF_MAGIC = b"GGUF"
+_GGML_TYPE_IDS = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 30: "bf16"}
+
+
+def _split_mode_name(split_mode: str | int) -> str:
+    names = list(_llama.SPLIT_MODES)
+    if isinstance(split_mode, bool):
+        raise TypeError("split_mode must be a name or an int, not a bool")
+    if isinstance(split_mode, int):
+        if not 0 <= split_mode < len(names):
+            raise ValueError(f"unknown split_mode {split_mode}; expected 0..{len(names) - 1} or one of {names}")
+        return names[split_mode]
+    if split_mode not in _llama.SPLIT_MODES:
+        raise ValueError(f"unknown split_mode {split_mode!r}; expected one of {names}")
+    return split_mode
+
+
+def _flash_attn_name(flash_attn: str | bool | None) -> str:
+    if flash_attn is None:
+        return "auto"
+    if isinstance(flash_attn, bool):
+        return "on" if flash_attn else "off"
+    if flash_attn not in _llama.FLASH_ATTN:
+        raise ValueError(f"unknown flash_attn {flash_attn!r}; expected a bool or one of {list(_llama.FLASH_ATTN)}")
+    return flash_attn
+
+
+def _cache_type_name(name: str, value: str | int) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value not in _GGML_TYPE_IDS:
+            raise ValueError(f"unsupported {name} ggml type id {value}")
+        value = _GGML_TYPE_IDS[value]
+    if value not in _llama.CACHE_TYPES:
+        raise ValueError(f"unknown {name} {value!r}; expected one of {list(_llama.CACHE_TYPES)}")
+    return value
+
+
+def _check_gguf_file(path: Path) -> None:
+    if not path.exists():
+        raise FileNotFoundError(f"model file not found: {path}")
+    if path.is_dir():
+        raise IsADirectoryError(f"model path is a directory: {path}")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != _GGUF_MAGIC:
+        raise ModelLoadError(f"not a GGUF file (magic {magic!r}): {path}")
+
+
+def _validate_tensor_split(tensor_split: Sequence[float] | None) -> list[float] | None:
+    if tensor_split is None:
+        return None
+    values = [float(v) for v in tensor_split]
+    n_dev = max(1, _llama._gpu_device_count())
+    if len(values) > n_dev:
+        raise ValueError(f"tensor_split has {len(values)} entries but there are {n_dev} device(s)")
+    if any(v < 0 or not np.isfinite(v) for v in values):
+        raise ValueError(f"tensor_split entries must be finite and >= 0: {values}")
+    return values
+
+
+def _utf8_prefix(data: bytes) -> str:
+    """The longest decodable prefix of data: an incomplete trailing character waits for more bytes."""
+    for cut in range(0, min(4, len(data) + 1)):
+        try:
+            return data[: len(data) - cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return data.decode("utf-8", "replace")
+
+
+class Llama:
+    """A GGUF model and one context on it. Use as a context manager, or call close()."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        n_gpu_layers: int = -1,
+        split_mode: str | int = "layer",
+        tensor_split: Sequence[float] | None = None,
+        main_gpu: int = 0,
+        n_ctx: int = 4096,
+        n_batch: int = 2048,
+        n_ubatch: int = 512,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        flash_attn: str | bool | None = "auto",
+        type_k: str | int = "f16",
+        type_v: str | int = "f16",
+        split_overlap: bool = False,
+        use_mmap: bool = True,
+        seed: int | None = None,
+        verbose: bool = False,
+    ) -> None:
+        self._model: _llama.Model | None = None
+        self._ctx: _llama.Context | None = None
+        path = Path(os.fspath(model_path))
+        mode = _split_mode_name(split_mode)
+        fa = _flash_attn_name(flash_attn)
+        tk, tv = _cache_type_name("type_k", type_k), _cache_type_name("type_v", type_v)
+        split = _validate_tensor_split(tensor_split)
+        if n_ctx < 0:
+            raise ValueError(f"n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
+        if n_batch < 1 or n_ubatch < 1:
+            raise ValueError(f"n_batch and n_ubatch must be >= 1, got {n_batch} and {n_ubatch}")
+        if n_ubatch > n_batch:
+            raise ValueError(f"n_ubatch ({n_ubatch}) must not exceed n_batch ({n_batch})")
+        n_gpus = _llama._gpu_device_count()
+        if n_gpus and not 0 <= main_gpu < n_gpus:
+            raise ValueError(f"main_gpu {main_gpu} out of range: {n_gpus} GPU device(s)")
+        if not isinstance(split_overlap, bool):
+            raise TypeError("split_overlap must be a bool")
+        if split_overlap:
+            raise NotImplementedError("split_overlap is not wired to the library yet (see the split-overlap issue)")
+        _check_gguf_file(path)
+
+        self.model_path = str(path)
+        self.verbose = verbose
+        self.split_overlap = split_overlap
+        self._rng = np.random.default_rng(seed)
+        self._tokens: list[int] = []  # what the KV cache holds, in order
+        _llama.set_log_level("info" if verbose else "warn")
+
+        self._model = _llama.Model.load(path, n_gpu_layers=n_gpu_layers, split_mode=mode, main_gpu=main_gpu,
+                                        tensor_split=split, use_mmap=use_mmap)
+        try:
+            self._ctx = _llama.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+                                       n_threads=n_threads or -1, n_threads_batch=n_threads_batch or -1,
+                                       flash_attn=fa, type_k=tk, type_v=tv)
+        except BaseException:
+            self._model.free()
+            self._model = None
+            raise
+
+    # -- lifetime --
+
+    def close(self) -> None:
+        """Free the context, then the model. Idempotent."""
+        if self._ctx is not None:
+            self._ctx.free()
+            self._ctx = None
+        if self._model is not None:
+            self._model.free()
+            self._model = None
+
+    def __enter__(self) -> Llama:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._ctx is None
+
+    def _parts(self) -> tuple[_llama.Model, _llama.Context]:
+        if self._model is None or self._ctx is None:
+            raise ValueError("this Llama is closed")
+        return self._model, self._ctx
+
+    # -- model facts --
+
+    def n_ctx(self) -> int:
+        return self._parts()[1].n_ctx
+
+    def n_vocab(self) -> int:
+        return self._parts()[0].n_vocab
+
+    def n_embd(self) -> int:
+        return self._parts()[0].n_embd
+
+    def token_bos(self) -> int:
+        return self._parts()[0].token_bos
+
+    def token_eos(self) -> int:
+        return self._parts()[0].token_eos
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens currently held in the context."""
+        return len(self._tokens)
+
+    @property
+    def model(self) -> _llama.Model:
+        return self._parts()[0]
+
+    @property
+    def context(self) -> _llama.Context:
+        return self._parts()[1]
+
+    # -- text --
+
+    def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self._parts()[0].tokenize(text, add_special=add_bos, parse_special=special).tolist()
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        return self._parts()[0].detokenize_bytes(list(tokens), unparse_special=special)
+
+    # -- evaluation --
+
+    def reset(self) -> None:
+        """Forget everything in the context."""
+        self._parts()[1].clear()
+        self._tokens.clear()
+
+    def eval(self, tokens: Sequence[int]) -> np.ndarray:
+        """Append tokens to the context; return their logits, shape (len(tokens), n_vocab)."""
+        _, ctx = self._parts()
+        tokens = [int(t) for t in tokens]
+        if len(self._tokens) + len(tokens) > ctx.n_ctx:
+            raise ContextFullError(f"{len(self._tokens)} cached + {len(tokens)} new tokens exceed "
+                                   f"n_ctx={ctx.n_ctx}")
+        logits = ctx.decode(tokens, all_logits=True)
+        self._tokens.extend(tokens)
+        return logits
+
+    def _prefill(self, tokens: list[int]) -> np.ndarray:
+        """Bring the context to `tokens`, reusing the common cached prefix; return the last logits."""
+        _, ctx = self._parts()
+        if not tokens:
+            raise ValueError("the prompt is empty")
+        if len(tokens) > ctx.n_ctx:
+            raise ContextFullError(f"the prompt has {len(tokens)} tokens but n_ctx is {ctx.n_ctx}")
+        keep = 0
+        for a, b in zip(self._tokens, tokens):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(tokens) - 1)  # always evaluate at least one token to get logits
+        if keep < len(self._tokens):
+            try:
+                ctx.truncate(keep)
+                del self._tokens[keep:]
+            except _llama.LlamaError:  # memories that cannot drop a suffix start over
+                self.reset()
+                keep = 0
+        logits = ctx.decode(tokens[keep:])[-1]
+        self._tokens.extend(tokens[keep:])
+        return logits
+
+    def generate(self, tokens: Sequence[int], *, max_tokens: int | None = None, temperature: float = 0.8,
+                 top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None,
+                 stop_on_eog: bool = True) -> Iterator[int]:
+        """Yield new tokens after `tokens`. temperature=0 is greedy. Stops at max_tokens, the end of
+        the context, or an end-of-generation token (which is not yielded)."""
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        rng = np.random.default_rng(seed) if seed is not None else self._rng
+        model, ctx = self._parts()
+        logits = self._prefill([int(t) for t in tokens])
+        produced = 0
+        while max_tokens is None or produced < max_tokens:
+            tok = sample(logits, params, rng)
+            if stop_on_eog and model.is_eog(tok):
+                return
+            yield tok
+            produced += 1
+            if len(self._tokens) >= ctx.n_ctx or (max_tokens is not None and produced >= max_tokens):
+                return
+            logits = ctx.decode([tok])[-1]
+            self._tokens.append(tok)
+
+    def create_completion(self, prompt: str | Sequence[int], max_tokens: int | None = 16, temperature: float = 0.8,
+                          top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
+                          stop: str | Sequence[str] | None = None, seed: int | None = None, echo: bool = False,
+                          stream: bool = False) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """OpenAI-style text completion, the common subset of llama-cpp-python's signature."""
+        chunks = self._completion(prompt, max_tokens, temperature, top_p, top_k, min_p, stop, seed, echo)
+        if stream:
+            return chunks
+        text, finish, usage, cid, created = "", None, {}, "", 0
+        for chunk in chunks:
+            cid, created = chunk["id"], chunk["created"]
+            text += chunk["choices"][0]["text"]
+            finish = chunk["choices"][0]["finish_reason"] or finish
+            usage = chunk.get("usage", usage)
+        return {"id": cid, "object": "text_completion", "created": created, "model": self.model_path,
+                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], "usage": usage}
+
+    __call__ = create_completion
+
+    def _completion(self, prompt: str | Sequence[int], max_tokens: int | None, temperature: float, top_p: float,
+                    top_k: int, min_p: float, stop: str | Sequence[str] | None, seed: int | None,
+                    echo: bool) -> Iterator[dict[str, Any]]:
+        prompt_tokens = self.tokenize(prompt) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if max_tokens is not None and max_tokens <= 0:
+            max_tokens = None  # llama-cpp-python: <= 0 means up to the end of the context
+        cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
+
+        def chunk(text: str, finish: str | None, **extra: Any) -> dict[str, Any]:
+            return {"id": cid, "object": "text_completion", "created": created, "model": self.model_path,
+                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], **extra}
+
+        if echo:
+            yield chunk(self.detokenize(prompt_tokens).decode("utf-8", "replace"), None)
+        produced: list[int] = []
+        sent = final = b""
+        hold_max = max((len(s.encode()) for s in stops), default=1) - 1
+        stopped = False
+        for tok in self.generate(prompt_tokens, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                                 top_p=top_p, min_p=min_p, seed=seed):
+            produced.append(tok)
+            final = self.detokenize(produced)
+            hits = [i for i in (final.find(s.encode()) for s in stops) if i >= 0]
+            if hits:
+                final, stopped = final[: min(hits)], True
+            # hold back what may be the start of a stop string
+            ready = final if stopped or not hold_max else final[:-hold_max]
+            piece = _utf8_prefix(ready[len(sent):])
+            if piece:
+                sent += piece.encode("utf-8")
+                yield chunk(piece, None)
+            if stopped:
+                break
+        if stopped:
+            finish = "stop"
+        elif (max_tokens is not None and len(produced) >= max_tokens) or self.n_tokens >= self.n_ctx():
+            finish = "length"
+        else:
+            finish = "stop"  # end-of-generation token
+        tail = final[len(sent):].decode("utf-8", "replace")
+        usage = {"prompt_tokens": len(prompt_tokens), "completion_tokens": len(produced),
+                 "total_tokens": len(prompt_tokens) + len(produced)}
+        yield chunk(tail, finish, usage=usage)

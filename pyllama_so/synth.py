@@ -1,0 +1,234 @@
+"""Random-weight GGUF models of named shapes, for tests and benchmarks.
+
+    python -m pyllama_so.synth qwen3-8b -t f16 -o models/qwen3-8b-f16.gguf
+    python -m pyllama_so.synth --list
+
+Weights are drawn from a pool of random values written at random offsets, which keeps the 8B F16
+shape fast to write while no tensor is all zeros or a copy of another. The tokenizer is a minimal
+SentencePiece-style vocabulary (byte fallback, so any text tokenizes and round-trips).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from pyllama_so.gguf_writer import GGML_TYPES, TensorSpec, write_gguf
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A qwen3-architecture transformer shape."""
+
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    n_ctx_train: int = 40960
+
+
+SHAPES: dict[str, Shape] = {
+    # tests: loads and runs in milliseconds on a CPU
+    "tiny": Shape(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, n_vocab=512, n_ctx_train=4096),
+    # bench default without -m: small enough for a CPU, big enough to measure
+    "small": Shape(n_embd=512, n_layer=8, n_ff=1536, n_head=8, n_head_kv=4, head_dim=64, n_vocab=8192),
+    # little compute per layer: isolates the fixed cost per ubatch (shared/BASELINE.md)
+    "overhead": Shape(n_embd=1024, n_layer=36, n_ff=2048, n_head=8, n_head_kv=8, head_dim=128, n_vocab=151936),
+    "qwen3-8b": Shape(n_embd=4096, n_layer=36, n_ff=12288, n_head=32, n_head_kv=8, head_dim=128, n_vocab=151936),
+    "qwen3-32b": Shape(n_embd=5120, n_layer=64, n_ff=25600, n_head=64, n_head_kv=8, head_dim=128, n_vocab=151936),
+}
+
+# llama_ftype of the file, by weight type
+_FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
+WEIGHT_TYPES = ("f16", "bf16", "q8_0")
+
+_TOKEN_NORMAL, _TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_BYTE = 1, 2, 3, 6
+_SPACE = "\u2581"  # SentencePiece's visible space
+
+
+def vocabulary(n_vocab: int) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Tokens, scores and token types of a byte-fallback SentencePiece-style vocabulary of n_vocab."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [_TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_CONTROL] + [_TOKEN_BYTE] * 256
+    pieces = [_SPACE] + [chr(c) for c in range(33, 127)] + [_SPACE + chr(c) for c in range(33, 127)]
+    i = 0
+    while len(tokens) + len(pieces) < n_vocab:  # filler pieces up to the embedding size
+        pieces.append(f"{_SPACE}w{i}")
+        i += 1
+    if len(tokens) + len(pieces) > n_vocab:
+        pieces = pieces[: max(0, n_vocab - len(tokens))]
+    if len(tokens) + len(pieces) != n_vocab:
+        raise ValueError(f"n_vocab {n_vocab} is too small for the byte-fallback vocabulary (>= 259)")
+    tokens += pieces
+    types += [_TOKEN_NORMAL] * len(pieces)
+    # longer pieces score higher so that merges prefer them
+    scores = np.array([0.0] * 259 + [-1000.0 + len(p) for p in pieces], dtype=np.float32)
+    return tokens, scores, np.array(types, dtype=np.int32)
+
+
+def metadata(shape: Shape, weight_type: str, name: str) -> dict[str, object]:
+    arch = "qwen3"
+    tokens, scores, types = vocabulary(shape.n_vocab)
+    return {
+        "general.architecture": arch,
+        "general.name": f"pyllama_so synthetic {name}",
+        "general.file_type": _FILE_TYPES[weight_type],
+        f"{arch}.context_length": shape.n_ctx_train,
+        f"{arch}.embedding_length": shape.n_embd,
+        f"{arch}.block_count": shape.n_layer,
+        f"{arch}.feed_forward_length": shape.n_ff,
+        f"{arch}.attention.head_count": shape.n_head,
+        f"{arch}.attention.head_count_kv": shape.n_head_kv,
+        f"{arch}.attention.key_length": shape.head_dim,
+        f"{arch}.attention.value_length": shape.head_dim,
+        f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
+        f"{arch}.rope.freq_base": 1000000.0,
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.add_eos_token": False,
+        "tokenizer.ggml.add_space_prefix": False,
+    }
+
+
+def tensors(shape: Shape, weight_type: str) -> list[TensorSpec]:
+    """The qwen3 tensor set; 1-D norms stay F32 as in converted models."""
+    e, hd, ff = shape.n_embd, shape.head_dim, shape.n_ff
+    q, kv = shape.n_head * hd, shape.n_head_kv * hd
+    w = weight_type
+    out = [TensorSpec("token_embd.weight", (e, shape.n_vocab), w), TensorSpec("output_norm.weight", (e,), "f32"),
+           TensorSpec("output.weight", (e, shape.n_vocab), w)]
+    for i in range(shape.n_layer):
+        b = f"blk.{i}."
+        out += [
+            TensorSpec(b + "attn_norm.weight", (e,), "f32"),
+            TensorSpec(b + "attn_q.weight", (e, q), w),
+            TensorSpec(b + "attn_k.weight", (e, kv), w),
+            TensorSpec(b + "attn_v.weight", (e, kv), w),
+            TensorSpec(b + "attn_output.weight", (q, e), w),
+            TensorSpec(b + "attn_q_norm.weight", (hd,), "f32"),
+            TensorSpec(b + "attn_k_norm.weight", (hd,), "f32"),
+            TensorSpec(b + "ffn_norm.weight", (e,), "f32"),
+            TensorSpec(b + "ffn_gate.weight", (e, ff), w),
+            TensorSpec(b + "ffn_up.weight", (e, ff), w),
+            TensorSpec(b + "ffn_down.weight", (ff, e), w),
+        ]
+    return out
+
+
+class _RandomPool:
+    """Pools of random encoded values per type; each tensor is cut from random offsets in them."""
+
+    POOL_ELEMENTS = 1 << 23  # 8 Mi values: 16 MiB at 16 bits
+
+    def __init__(self, seed: int, stdev: float) -> None:
+        self.rng = np.random.default_rng(seed)
+        f32 = (self.rng.standard_normal(self.POOL_ELEMENTS, dtype=np.float32) * stdev).astype(np.float32)
+        norm = (1.0 + 0.1 * self.rng.standard_normal(self.POOL_ELEMENTS, dtype=np.float32)).astype(np.float32)
+        blocks = np.empty(self.POOL_ELEMENTS // 32, dtype=[("d", "<f2"), ("qs", "i1", 32)])
+        blocks["d"] = stdev * 3.0 / 127.0
+        blocks["qs"] = self.rng.integers(-127, 128, size=(blocks.size, 32), dtype=np.int8)
+        self.pools: dict[str, bytes] = {
+            "f32": norm.tobytes(),
+            "f16": f32.astype("<f2").tobytes(),
+            "bf16": (f32.view("<u4") >> 16).astype("<u2").tobytes(),
+            "q8_0": blocks.tobytes(),
+        }
+
+    def write(self, spec: TensorSpec, f: BinaryIO) -> None:
+        pool = memoryview(self.pools[spec.ggml_type])
+        unit = GGML_TYPES[spec.ggml_type][2]  # write whole values/blocks
+        left = spec.nbytes
+        while left:
+            n = min(left, len(pool) // 2 // unit * unit)
+            start = int(self.rng.integers(0, (len(pool) - n) // unit + 1)) * unit
+            f.write(pool[start:start + n])
+            left -= n
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("PYLLAMA_SO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pyllama_so")
+    return Path(base) / "models"
+
+
+def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "f16", *, seed: int = 0,
+                stdev: float = 0.02, quiet: bool = False) -> Path:
+    """Write a synthetic model; return its path."""
+    if shape_name not in SHAPES:
+        raise ValueError(f"unknown shape {shape_name!r}; expected one of {list(SHAPES)}")
+    if weight_type not in WEIGHT_TYPES:
+        raise ValueError(f"unknown weight type {weight_type!r}; expected one of {list(WEIGHT_TYPES)}")
+    shape = SHAPES[shape_name]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    specs = tensors(shape, weight_type)
+    pool = _RandomPool(seed, stdev)
+    t0 = time.monotonic()
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if not quiet and (now - last[0] > 1.0 or done == total):
+            last[0] = now
+            print(f"\rsynth: {path.name}: {done / 2**30:6.2f} / {total / 2**30:.2f} GiB", end="",
+                  file=sys.stderr, flush=True)
+
+    write_gguf(path, metadata(shape, weight_type, shape_name), specs, pool.write, progress)
+    if not quiet:
+        print(f" in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    return path
+
+
+def cached_model(shape_name: str = "small", weight_type: str = "f16") -> Path:
+    """The cached synthetic model of a shape, written on first use."""
+    path = default_cache_dir() / f"{shape_name}-{weight_type}.gguf"
+    if not path.exists():
+        write_model(path, shape_name, weight_type)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pyllama_so.synth", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shape", nargs="?", choices=list(SHAPES), help="model shape")
+    ap.add_argument("-t", "--type", default="f16", choices=WEIGHT_TYPES, help="weight type (default f16)")
+    ap.add_argument("-o", "--output", type=Path, help="output file (default: the cache, see --list)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--force", action="store_true", help="overwrite an existing file")
+    ap.add_argument("--list", action="store_true", help="list the shapes and the cache folder")
+    args = ap.parse_args(argv)
+
+    if args.list or args.shape is None:
+        print(f"cache: {default_cache_dir()}")
+        for name, s in SHAPES.items():
+            n = sum(t.n_elements for t in tensors(s, "f16"))
+            print(f"  {name:10s} {n / 1e9:7.3f} B params  n_embd={s.n_embd} n_layer={s.n_layer} n_ff={s.n_ff} "
+                  f"heads={s.n_head}/{s.n_head_kv} vocab={s.n_vocab}")
+        return 0 if args.list else 2
+    out = args.output or default_cache_dir() / f"{args.shape}-{args.type}.gguf"
+    if out.exists() and not args.force:
+        print(f"synth: {out} exists (use --force to overwrite)", file=sys.stderr)
+        print(out)
+        return 0
+    print(write_model(out, args.shape, args.type, seed=args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
