@@ -700,8 +700,9 @@ cdef class Context:
     def run_prompt(self, int n_prompt, int n_batch):
         """Decode n_prompt random tokens in batches of n_batch (one output), then synchronize."""
         self._check_open()
-        if n_batch > self.batch_cap:
-            raise ValueError(f"n_batch {n_batch} exceeds the context's n_batch {self.batch_cap}")
+        if n_batch < 1:
+            raise ValueError("n_batch must be >= 1")
+        n_batch = min(n_batch, self.batch_cap)  # llama.cpp caps n_batch at n_ctx
         cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
         cdef bint add_bos = llama_vocab_get_add_bos(self.model.vocab)
         cdef llama_token bos = llama_vocab_bos(self.model.vocab)

@@ -1,0 +1,107 @@
+"""`python -m pyllama_so.bench`: llama-bench for pyllama_so.
+
+Same flags, statistics and output formats as upstream's llama-bench; comma lists run every
+combination. Without -m, a small synthetic model is written once to the cache and benchmarked.
+
+    python -m pyllama_so.bench -m model.gguf -sm tensor -ub 512,2048 -p 2048 -n 32 -so 0,1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from pyllama_so import _llama
+from pyllama_so import args as A
+from pyllama_so.bench.printers import PRINTERS
+from pyllama_so.bench.runner import BenchParams, run_benchmarks
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m pyllama_so.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    env = A.env_default
+    ap.add_argument("-m", "--model", type=A.comma_list(str), action="extend", default=None,
+                    help="GGUF model file(s); default: a cached synthetic model (env LLAMA_ARG_MODEL)")
+    ap.add_argument("--synthetic", default="small", help="shape of the synthetic model used without -m (default small)")
+    ap.add_argument("-p", "--n-prompt", type=A.comma_list(A.non_negative_int), default=[512])
+    ap.add_argument("-n", "--n-gen", type=A.comma_list(A.non_negative_int), default=[128])
+    ap.add_argument("-pg", type=A.pp_tg_pair, action="append", default=[], metavar="PP,TG",
+                    help="prompt + generation test; repeat the flag for several")
+    ap.add_argument("-d", "--n-depth", type=A.comma_list(A.non_negative_int), default=[0])
+    ap.add_argument("-b", "--batch-size", type=A.comma_list(A.positive_int),
+                    default=A.comma_list(A.positive_int)(env("BATCH", "2048")))
+    ap.add_argument("-ub", "--ubatch-size", type=A.comma_list(A.positive_int),
+                    default=A.comma_list(A.positive_int)(env("UBATCH", "512")))
+    ap.add_argument("-ngl", "--n-gpu-layers", type=A.comma_list(A.gpu_layers),
+                    default=A.comma_list(A.gpu_layers)(env("N_GPU_LAYERS", "-1")))
+    ap.add_argument("-sm", "--split-mode", type=A.comma_list(A.choice(A.SPLIT_MODES, "split mode")),
+                    default=A.comma_list(A.choice(A.SPLIT_MODES, "split mode"))(env("SPLIT_MODE", "layer")))
+    ap.add_argument("-mg", "--main-gpu", type=A.comma_list(A.non_negative_int), default=[0])
+    ap.add_argument("-ts", "--tensor-split", type=A.comma_list(A.tensor_split), default=None,
+                    help="e.g. 1/1 (proportions per device), comma list for several")
+    ap.add_argument("-fa", "--flash-attn", type=A.comma_list(A.choice(A.FLASH_ATTN, "flash-attn value")),
+                    default=A.comma_list(A.choice(A.FLASH_ATTN, "flash-attn value"))(env("FLASH_ATTN", "auto")))
+    ap.add_argument("-ctk", "--cache-type-k", type=A.comma_list(A.choice(A.CACHE_TYPES, "cache type")),
+                    default=A.comma_list(A.choice(A.CACHE_TYPES, "cache type"))(env("CACHE_TYPE_K", "f16")))
+    ap.add_argument("-ctv", "--cache-type-v", type=A.comma_list(A.choice(A.CACHE_TYPES, "cache type")),
+                    default=A.comma_list(A.choice(A.CACHE_TYPES, "cache type"))(env("CACHE_TYPE_V", "f16")))
+    ap.add_argument("-t", "--threads", type=A.comma_list(A.positive_int), default=None)
+    ap.add_argument("-so", "--split-overlap", type=A.comma_list(A.boolean),
+                    default=A.comma_list(A.boolean)(env("SPLIT_OVERLAP", "0")),
+                    help="alternate prompt ubatches between two lanes (0/1)")
+    ap.add_argument("-r", "--repetitions", type=A.positive_int, default=5)
+    ap.add_argument("-o", "--output", choices=list(PRINTERS), default="md")
+    ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    ap.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+    return ap
+
+
+def params_from_args(ns: argparse.Namespace) -> BenchParams:
+    models = ns.model or ([os.environ["LLAMA_ARG_MODEL"]] if os.environ.get("LLAMA_ARG_MODEL") else None)
+    if not models:
+        from pyllama_so.synth import cached_model
+
+        models = [str(cached_model(ns.synthetic))]
+    for m in models:
+        if not os.path.isfile(m):
+            raise SystemExit(f"bench: model file not found: {m}")
+    threads = ns.threads or [int(A.env_default("THREADS", str(default_threads())))]
+    return BenchParams(
+        models=models, n_prompt=ns.n_prompt, n_gen=ns.n_gen, pg=ns.pg, n_depth=ns.n_depth,
+        n_batch=ns.batch_size, n_ubatch=ns.ubatch_size, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode,
+        main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], flash_attn=ns.flash_attn,
+        type_k=ns.cache_type_k, type_v=ns.cache_type_v, n_threads=threads, split_overlap=ns.split_overlap,
+        repetitions=ns.repetitions, warmup=not ns.no_warmup)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parser().parse_args(argv)
+    _llama.set_log_level("info" if ns.verbose else "error")
+    params = params_from_args(ns)
+    if params.count() == 0:
+        raise SystemExit("bench: nothing to run (all of -p, -n and -pg are empty or 0)")
+    printer = PRINTERS[ns.output](sys.stdout, params)
+    printer.header()
+    try:
+        for result in run_benchmarks(params, progress=not ns.no_progress):
+            printer.result(result)
+    except (NotImplementedError, _llama.LlamaError, ValueError) as e:
+        print(f"\nbench: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        printer.footer()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Benchmark instances and their timing, the same procedure as upstream's llama-bench.
+
+Per instance: a fresh context of n_prompt + n_gen + n_depth tokens; a warm-up (one prompt run, one
+generated token); then per repetition: clear the KV cache, fill it to the depth (untimed), and time
+the prompt run and/or the generation run. t/s is the mean of the per-repetition rates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from pyllama_so import _llama
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    model: str
+    n_gpu_layers: int
+    split_mode: str
+    main_gpu: int
+    tensor_split: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    flash_attn: str
+    type_k: str
+    type_v: str
+    split_overlap: bool
+
+
+@dataclass(frozen=True)
+class Test:
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+
+    @property
+    def name(self) -> str:
+        if self.n_prompt and not self.n_gen:
+            s = f"pp{self.n_prompt}"
+        elif self.n_gen and not self.n_prompt:
+            s = f"tg{self.n_gen}"
+        else:
+            s = f"pp{self.n_prompt}+tg{self.n_gen}"
+        return s + (f" @ d{self.n_depth}" if self.n_depth else "")
+
+
+@dataclass
+class BenchParams:
+    """What the command line asked for; every list is one axis of the combinations."""
+
+    models: list[str]
+    n_prompt: list[int] = field(default_factory=lambda: [512])
+    n_gen: list[int] = field(default_factory=lambda: [128])
+    pg: list[tuple[int, int]] = field(default_factory=list)
+    n_depth: list[int] = field(default_factory=lambda: [0])
+    n_batch: list[int] = field(default_factory=lambda: [2048])
+    n_ubatch: list[int] = field(default_factory=lambda: [512])
+    n_gpu_layers: list[int] = field(default_factory=lambda: [-1])
+    split_mode: list[str] = field(default_factory=lambda: ["layer"])
+    main_gpu: list[int] = field(default_factory=lambda: [0])
+    tensor_split: list[tuple[float, ...]] = field(default_factory=lambda: [()])
+    flash_attn: list[str] = field(default_factory=lambda: ["auto"])
+    type_k: list[str] = field(default_factory=lambda: ["f16"])
+    type_v: list[str] = field(default_factory=lambda: ["f16"])
+    n_threads: list[int] = field(default_factory=lambda: [-1])
+    split_overlap: list[bool] = field(default_factory=lambda: [False])
+    repetitions: int = 5
+    warmup: bool = True
+
+    def model_params(self) -> Iterator[ModelParams]:
+        for m, ngl, sm, mg, ts in itertools.product(self.models, self.n_gpu_layers, self.split_mode, self.main_gpu,
+                                                    self.tensor_split):
+            yield ModelParams(m, ngl, sm, mg, ts)
+
+    def context_params(self) -> Iterator[ContextParams]:
+        for b, ub, t, fa, tk, tv, so in itertools.product(self.n_batch, self.n_ubatch, self.n_threads,
+                                                          self.flash_attn, self.type_k, self.type_v,
+                                                          self.split_overlap):
+            yield ContextParams(b, ub, t, fa, tk, tv, so)
+
+    def tests(self) -> Iterator[Test]:
+        for d in self.n_depth:
+            yield from (Test(p, 0, d) for p in self.n_prompt if p > 0)
+            yield from (Test(0, n, d) for n in self.n_gen if n > 0)
+            yield from (Test(p, n, d) for p, n in self.pg)
+
+    def count(self) -> int:
+        return sum(1 for _ in self.model_params()) * sum(1 for _ in self.context_params()) * sum(
+            1 for _ in self.tests())
+
+
+@dataclass
+class TestResult:
+    model: ModelParams
+    ctx: ContextParams
+    test: Test
+    model_type: str
+    model_size: int
+    model_n_params: int
+    samples_ns: list[int]
+    test_time: str
+
+    @property
+    def samples_ts(self) -> list[float]:
+        n = self.test.n_prompt + self.test.n_gen
+        return [1e9 * n / t for t in self.samples_ns]
+
+    @property
+    def avg_ts(self) -> float:
+        return statistics.fmean(self.samples_ts)
+
+    @property
+    def stddev_ts(self) -> float:
+        ts = self.samples_ts
+        return statistics.stdev(ts) if len(ts) > 1 else 0.0
+
+    @property
+    def avg_ns(self) -> int:
+        return int(statistics.fmean(self.samples_ns))
+
+    @property
+    def stddev_ns(self) -> int:
+        return int(statistics.stdev(self.samples_ns)) if len(self.samples_ns) > 1 else 0
+
+
+def backend_name() -> str:
+    """As llama-bench: the non-CPU backends with devices, else CPU."""
+    names = [b for b in _llama.backends() if b != "CPU"]
+    return ",".join(names) if names else "CPU"
+
+
+def cpu_info() -> str:
+    for d in _llama.devices():
+        if d["type"] == "cpu":
+            return d["description"]
+    return platform.processor()
+
+
+def gpu_info() -> str:
+    return ", ".join(d["description"] for d in _llama.devices() if d["type"] in ("gpu", "igpu"))
+
+
+def _run_test(ctx: _llama.Context, cp: ContextParams, test: Test, reps: int, warmup: bool,
+              note: Callable[[str], None]) -> list[int]:
+    if warmup:
+        note("warm-up")
+        if test.n_prompt:
+            ctx.run_prompt(test.n_prompt, cp.n_batch)
+        if test.n_gen:
+            ctx.run_gen(1)
+    samples = []
+    for rep in range(reps):
+        ctx.clear()
+        if test.n_depth:
+            note(f"depth {rep + 1}/{reps}")
+            ctx.run_prompt(test.n_depth, cp.n_batch)
+        note(f"rep {rep + 1}/{reps}")
+        t0 = time.perf_counter_ns()
+        if test.n_prompt:
+            ctx.run_prompt(test.n_prompt, cp.n_batch)
+        if test.n_gen:
+            ctx.run_gen(test.n_gen)
+        samples.append(time.perf_counter_ns() - t0)
+    return samples
+
+
+def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestResult]:
+    """Run every combination; yield each result as soon as it is measured."""
+    total = params.count()
+    index = 0
+    tty = sys.stderr.isatty()
+    for mp in params.model_params():
+        model = _llama.Model.load(mp.model, n_gpu_layers=mp.n_gpu_layers, split_mode=mp.split_mode,
+                                  main_gpu=mp.main_gpu, tensor_split=list(mp.tensor_split) or None)
+        try:
+            for cp in params.context_params():
+                if cp.split_overlap:
+                    raise NotImplementedError("-so 1: split overlap is not wired to the library yet")
+                for test in params.tests():
+                    index += 1
+
+                    def note(stage: str, _i: int = index, _t: Test = test) -> None:
+                        if not progress:
+                            return
+                        line = f"bench: {_i}/{total} {_t.name}: {stage}"
+                        if tty:
+                            print(f"\r{line}\033[K", end="", file=sys.stderr, flush=True)
+                        elif stage.startswith("rep 1/"):  # one line per test in logs
+                            print(line, file=sys.stderr, flush=True)
+
+                    ctx = _llama.Context(model, n_ctx=test.n_prompt + test.n_gen + test.n_depth,
+                                         n_batch=cp.n_batch, n_ubatch=cp.n_ubatch, n_threads=cp.n_threads,
+                                         flash_attn=cp.flash_attn, type_k=cp.type_k, type_v=cp.type_v)
+                    try:
+                        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                        samples = _run_test(ctx, cp, test, params.repetitions, params.warmup, note)
+                    finally:
+                        ctx.free()
+                    if progress and tty:
+                        print("\r\033[K", end="", file=sys.stderr, flush=True)
+                    yield TestResult(mp, cp, test, model.desc, model.size, model.n_params, samples, stamp)
+        finally:
+            model.free()

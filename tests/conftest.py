@@ -1,0 +1,34 @@
+"""Shared fixtures: tiny synthetic models, and skipping of GPU tests where no CUDA device exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import pyllama_so
+from pyllama_so import synth
+
+
+def cuda_device_count() -> int:
+    return sum(1 for d in pyllama_so.devices() if d["backend"] == "CUDA")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if cuda_device_count() > 0:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(model_dir: Path) -> Path:
+    """A 2-layer qwen3-shaped F16 model with a byte-fallback vocabulary of 512 tokens."""
+    return synth.write_model(model_dir / "tiny-f16.gguf", "tiny", "f16", quiet=True)

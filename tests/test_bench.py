@@ -1,0 +1,105 @@
+"""The bench: llama-bench's statistics and formats, combinations, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from pyllama_so.bench.__main__ import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main([*args, "--no-progress"])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_json_fields_and_statistics(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "-m", str(tiny_model), "-p", "32", "-n", "4", "-r", "3", "-o", "json", "-t", "2")
+    assert rc == 0
+    results = json.loads(out)
+    assert [(r["n_prompt"], r["n_gen"]) for r in results] == [(32, 0), (0, 4)]
+    for r in results:
+        assert len(r["samples_ts"]) == len(r["samples_ns"]) == 3
+        assert all(t > 0 for t in r["samples_ts"])
+        n = r["n_prompt"] + r["n_gen"]
+        assert r["samples_ts"] == pytest.approx([1e9 * n / ns for ns in r["samples_ns"]])
+        assert r["avg_ts"] == pytest.approx(statistics.fmean(r["samples_ts"]))
+        assert r["stddev_ts"] == pytest.approx(statistics.stdev(r["samples_ts"]))
+        assert r["model_filename"] == str(tiny_model)
+        assert r["model_n_params"] > 0 and r["model_size"] > 0
+
+
+def test_comma_lists_make_all_combinations(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "-m", str(tiny_model), "-p", "16,32", "-n", "0", "-ub", "8,16", "-b", "32",
+                     "-pg", "16,2", "-r", "1", "-o", "jsonl", "-t", "2")
+    assert rc == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    got = {(r["n_ubatch"], r["n_prompt"], r["n_gen"]) for r in rows}
+    assert got == {(ub, p, g) for ub in (8, 16) for p, g in ((16, 0), (32, 0), (16, 2))}
+
+
+def test_markdown_like_llama_bench(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "-m", str(tiny_model), "-p", "16", "-n", "2", "-r", "2", "-ub", "8", "-t", "2")
+    assert rc == 0
+    lines = out.strip().splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header[:4] == ["model", "size", "params", "backend"]
+    assert "n_ubatch" in header and header[-2:] == ["test", "t/s"]
+    assert [c.strip() for c in lines[2].strip("|").split("|")][-2] == "pp16"
+    assert "±" in lines[2] and len(lines) == 4
+
+
+def test_csv_and_depth(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-d", "16", "-r", "1", "-o", "csv")
+    assert rc == 0
+    head, row = out.strip().splitlines()
+    values = dict(zip(head.split(","), row.split(",")))
+    assert values["n_depth"] == "16" and float(values["avg_ts"]) > 0
+
+
+def test_progress_goes_to_stderr(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl"]) == 0
+    out = capsys.readouterr()
+    assert "bench: 1/1 pp8" in out.err
+    assert json.loads(out.out)["n_prompt"] == 8
+
+
+def test_split_overlap_reports_not_wired(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1", "-so", "1")
+    assert rc == 1 and "split overlap" in err
+
+
+@pytest.mark.parametrize("bad", [["-sm", "diagonal"], ["-p", "-3"], ["-fa", "sometimes"], ["-o", "xml"],
+                                 ["-ts", "1/x"], ["-r", "0"]])
+def test_bad_flags_exit_2(tiny_model: Path, bad: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["-m", str(tiny_model), *bad])
+    assert e.value.code == 2
+
+
+def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="not found"):
+        main(["-m", str(tmp_path / "missing.gguf")])
+
+
+def test_env_defaults(tiny_model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_ARG_MODEL", str(tiny_model))
+    monkeypatch.setenv("LLAMA_ARG_UBATCH", "8")
+    rc, out, _ = run(capsys, "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl")
+    assert rc == 0
+    row = json.loads(out)
+    assert row["n_ubatch"] == 8 and row["model_filename"] == str(tiny_model)
+
+
+def test_default_synthetic_model_is_cached(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYLLAMA_SO_CACHE", str(tmp_path))
+    for _ in range(2):
+        rc, out, _ = run(capsys, "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl")
+        assert rc == 0
+    files = list((tmp_path / "models").iterdir())
+    assert [f.name for f in files] == ["tiny-f16.gguf"]

@@ -1,0 +1,112 @@
+"""The build: version/info output, the upstream pin, patches, and no upstream file in the repo."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pyllama_so
+
+REPO = Path(__file__).resolve().parent.parent
+PIN = json.loads((REPO / "cmake" / "upstream-pin.json").read_text())
+
+
+def test_info_names_the_pin_and_backends() -> None:
+    out = subprocess.run([sys.executable, "-m", "pyllama_so", "--json"], check=True, capture_output=True,
+                         text=True).stdout
+    info = json.loads(out)
+    assert info["upstream_commit"] == PIN["commit"]
+    assert "CPU" in info["compiled_backends"]
+    assert any(d["type"] == "cpu" for d in info["devices"])
+    version = subprocess.run([sys.executable, "-m", "pyllama_so", "--version"], check=True, capture_output=True,
+                             text=True).stdout
+    assert PIN["commit"][:9] in version
+
+
+def test_no_upstream_file_is_tracked() -> None:
+    tree = REPO / ".upstream" / "llama.cpp"
+    if not tree.is_dir():
+        pytest.skip("no extracted upstream tree (built from PYLLAMA_SO_UPSTREAM_DIR?)")
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    def digest(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    # compare contents: our files may share a name (CMakeLists.txt) but never the text
+    upstream = {digest(p) for p in tree.rglob("*") if p.is_file() and p.stat().st_size > 64}
+    copies = [p for p in tracked.stdout.split() if (REPO / p).is_file() and digest(REPO / p) in upstream]
+    assert not copies, f"upstream files are tracked: {copies}"
+
+
+def _fetch_module():
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("fetch_upstream", str(REPO / "scripts" / "fetch-upstream"))
+    spec = importlib.util.spec_from_loader("fetch_upstream", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def test_fetch_selects_only_the_needed_parts() -> None:
+    fetch = _fetch_module()
+    pats = PIN["include"]
+    assert fetch.wanted("ggml/src/ggml-cuda/allreduce.cu", pats)
+    assert fetch.wanted("ggml/src/ggml.c", pats)
+    assert not fetch.wanted("ggml/src/ggml-vulkan/ggml-vulkan.cpp", pats)
+    assert not fetch.wanted("tools/server/server.cpp", pats)
+    assert not fetch.wanted("ggml/src/ggml-sycl/foo.c", pats)
+
+
+def test_fetch_rejects_a_wrong_checksum(tmp_path: Path) -> None:
+    fake = tmp_path / "fake.tar.gz"
+    fake.write_bytes(b"not the sdist")
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "fetch-upstream"), "--sdist", str(fake), "--dest",
+                          str(tmp_path / "tree")], capture_output=True, text=True)
+    assert res.returncode != 0
+    assert "sha256 mismatch" in res.stderr
+    assert not (tmp_path / "tree").exists()
+
+
+APPLY = """
+include("{repo}/cmake/apply-patches.cmake")
+pyllama_so_apply_patches("{tree}" "{patches}")
+"""
+
+
+def _apply(tmp_path: Path, tree: Path, patches: Path) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "apply.cmake"
+    script.write_text(APPLY.format(repo=REPO, tree=tree, patches=patches))
+    return subprocess.run(["cmake", "-P", str(script)], capture_output=True, text=True)
+
+
+def test_patch_applier_is_idempotent_and_loud(tmp_path: Path) -> None:
+    tree = tmp_path / "up" / "tree"
+    tree.mkdir(parents=True)
+    (tree / "a.c").write_text("int a;\n")
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "0001-add-b.patch").write_text(
+        "--- a/a.c\n+++ b/a.c\n@@ -1 +1,2 @@\n int a;\n+int b;\n")
+    first = _apply(tmp_path, tree, patches)
+    assert first.returncode == 0, first.stderr
+    assert "0001-add-b.patch: applied" in first.stdout + first.stderr
+    second = _apply(tmp_path, tree, patches)
+    assert second.returncode == 0
+    assert "already applied" in second.stdout + second.stderr
+    assert (tree / "a.c").read_text() == "int a;\nint b;\n"
+    (patches / "0002-stale.patch").write_text("--- a/a.c\n+++ b/a.c\n@@ -1 +1 @@\n-int zzz;\n+int y;\n")
+    third = _apply(tmp_path, tree, patches)
+    assert third.returncode != 0
+    assert "0002-stale.patch" in third.stderr
+
+
+def test_version_attribute() -> None:
+    assert isinstance(pyllama_so.__version__, str) and pyllama_so.__version__

@@ -1,0 +1,103 @@
+"""Bad input gets a clear exception and leaves the process usable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pyllama_so import ContextFullError, Llama, ModelLoadError
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="not found"):
+        Llama(tmp_path / "nope.gguf")
+
+
+def test_directory(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError):
+        Llama(tmp_path)
+
+
+def test_not_gguf(tmp_path: Path) -> None:
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"PK\x03\x04 definitely a zip file" * 10)
+    with pytest.raises(ModelLoadError, match="not a GGUF"):
+        Llama(bad)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.999])
+def test_truncated_gguf(tmp_path: Path, tiny_model: Path, keep: float) -> None:
+    data = tiny_model.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(ModelLoadError, match="failed to load"):
+        Llama(cut)
+
+
+def test_header_only_gguf(tmp_path: Path) -> None:
+    cut = tmp_path / "header.gguf"
+    cut.write_bytes(b"GGUF\x03\x00\x00\x00")
+    with pytest.raises(ModelLoadError):
+        Llama(cut)
+
+
+@pytest.mark.parametrize("mode", ["rows", "TENSOR2", 7, -1])
+def test_unknown_split_mode(tiny_model: Path, mode: object) -> None:
+    with pytest.raises(ValueError, match="split_mode"):
+        Llama(tiny_model, split_mode=mode)  # type: ignore[arg-type]
+
+
+def test_tensor_split_longer_than_devices(tiny_model: Path) -> None:
+    import pyllama_so
+
+    n = max(1, sum(1 for d in pyllama_so.devices() if d["type"] in ("gpu", "igpu")))
+    with pytest.raises(ValueError, match="tensor_split"):
+        Llama(tiny_model, tensor_split=[1.0] * (n + 1))
+    with pytest.raises(ValueError, match="tensor_split"):
+        Llama(tiny_model, tensor_split=[-1.0])
+
+
+def test_ubatch_larger_than_batch(tiny_model: Path) -> None:
+    with pytest.raises(ValueError, match="n_ubatch"):
+        Llama(tiny_model, n_batch=64, n_ubatch=128)
+
+
+@pytest.mark.parametrize("kw", [dict(flash_attn="maybe"), dict(type_k="f12"), dict(type_v=99), dict(n_ctx=-1)])
+def test_bad_context_options(tiny_model: Path, kw: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        Llama(tiny_model, **kw)  # type: ignore[arg-type]
+
+
+def test_context_too_small_for_prompt(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=32) as llm:
+        long_prompt = llm.tokenize("x" * (llm.n_ctx() + 1))
+        with pytest.raises(ContextFullError):
+            llm.eval(long_prompt)
+        with pytest.raises(ContextFullError):
+            llm.create_completion("y" * (llm.n_ctx() + 1), max_tokens=4)
+        # the context is still usable after the error
+        assert llm.eval(llm.tokenize("ok")).shape[0] == 3
+
+
+def test_token_out_of_range(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=32) as llm:
+        with pytest.raises(ValueError, match="out of range"):
+            llm.eval([llm.n_vocab()])
+
+
+def test_split_overlap_not_wired_yet(tiny_model: Path) -> None:
+    with pytest.raises(NotImplementedError, match="split_overlap"):
+        Llama(tiny_model, split_overlap=True)
+
+
+def test_process_usable_after_errors(tmp_path: Path, tiny_model: Path) -> None:
+    for bad in (tmp_path / "missing.gguf",):
+        with pytest.raises(FileNotFoundError):
+            Llama(bad)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_model.read_bytes()[:1000])
+    with pytest.raises(ModelLoadError):
+        Llama(cut)
+    with Llama(tiny_model, n_ctx=32) as llm:
+        assert llm.eval(llm.tokenize("fine")).shape == (5, llm.n_vocab())

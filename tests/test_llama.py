@@ -1,0 +1,147 @@
+"""Llama: evaluation is deterministic and consistent across batching; the lifetime is safe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyllama_so import Llama
+
+PROMPT = "The quick brown fox jumps over the lazy dog. 0123456789"
+
+
+def nmse(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.sum((a.astype(np.float64) - b) ** 2) / np.sum(b.astype(np.float64) ** 2))
+
+
+def test_logits_finite_and_repeatable(tiny_model: Path) -> None:
+    runs = []
+    for _ in range(2):
+        with Llama(tiny_model, n_ctx=256, n_threads=2) as llm:
+            runs.append(llm.eval(llm.tokenize(PROMPT)))
+    assert runs[0].shape == (len(runs[0]), 512)
+    assert np.isfinite(runs[0]).all()
+    assert np.abs(runs[0]).max() > 0  # not an all-zero output
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def test_batched_eval_equals_token_by_token(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=256, n_threads=2) as llm:
+        tokens = llm.tokenize(PROMPT)
+        batched = llm.eval(tokens)
+        llm.reset()
+        assert llm.n_tokens == 0
+        stepwise = np.concatenate([llm.eval([t]) for t in tokens])
+        assert llm.n_tokens == len(tokens)
+    assert nmse(stepwise, batched) < 1e-5
+
+
+@pytest.mark.parametrize("n_ubatch,n_batch", [(1, 8), (7, 7), (16, 64), (512, 512)])
+def test_ubatch_sizes_agree(tiny_model: Path, n_ubatch: int, n_batch: int) -> None:
+    with Llama(tiny_model, n_ctx=256, n_threads=2) as ref_llm:
+        tokens = ref_llm.tokenize(PROMPT)
+        ref = ref_llm.eval(tokens)
+    with Llama(tiny_model, n_ctx=256, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=2) as llm:
+        got = llm.eval(tokens)
+    assert nmse(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("text", ["hello world", "héllo wörld ✓ 漢字", " leading and  double  spaces\n\ttabs", ""])
+def test_tokenize_detokenize_round_trip(tiny_model: Path, text: str) -> None:
+    with Llama(tiny_model, n_ctx=64) as llm:
+        tokens = llm.tokenize(text)
+        assert tokens[:1] == [llm.token_bos()]
+        assert all(0 <= t < llm.n_vocab() for t in tokens)
+        assert llm.detokenize(tokens).decode("utf-8") == text
+        assert llm.tokenize(text, add_bos=False) == tokens[1:]
+
+
+def test_close_is_idempotent_and_blocks_use(tiny_model: Path) -> None:
+    llm = Llama(tiny_model, n_ctx=64)
+    model = llm.model
+    llm.close()
+    llm.close()
+    assert llm.closed and model.closed
+    with pytest.raises(ValueError, match="closed"):
+        llm.tokenize("x")
+    with pytest.raises(ValueError, match="closed"):
+        llm.eval([1])
+
+
+def test_context_manager_frees_context_before_model(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=64) as llm:
+        ctx, model = llm.context, llm.model
+        # the model refuses to go while its context lives
+        with pytest.raises(RuntimeError, match="context"):
+            model.free()
+    assert ctx.closed and model.closed
+
+
+def test_greedy_generation_is_deterministic(tiny_model: Path) -> None:
+    outs = []
+    for _ in range(2):
+        with Llama(tiny_model, n_ctx=128) as llm:
+            outs.append(list(llm.generate(llm.tokenize("abc"), max_tokens=12, temperature=0.0, stop_on_eog=False)))
+    assert len(outs[0]) == 12
+    assert outs[0] == outs[1]
+
+
+def test_greedy_generation_matches_argmax_of_eval(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=128) as llm:
+        prompt = llm.tokenize("abc")
+        gen = list(llm.generate(prompt, max_tokens=4, temperature=0.0, stop_on_eog=False))
+        llm.reset()
+        logits = llm.eval(prompt + gen[:-1])
+    assert [int(np.argmax(row)) for row in logits[len(prompt) - 1:]] == gen
+
+
+def test_sampled_generation_follows_the_seed(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=128) as llm:
+        prompt = llm.tokenize("abc")
+        kw = dict(max_tokens=16, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, stop_on_eog=False)
+        a = list(llm.generate(prompt, seed=1, **kw))
+        b = list(llm.generate(prompt, seed=1, **kw))
+        c = list(llm.generate(prompt, seed=2, **kw))
+    assert a == b
+    assert a != c
+
+
+def test_create_completion(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=128) as llm:
+        out = llm.create_completion("abc", max_tokens=8, temperature=0.0)
+        assert out["object"] == "text_completion"
+        choice = out["choices"][0]
+        assert choice["finish_reason"] in ("length", "stop")
+        assert out["usage"]["prompt_tokens"] == len(llm.tokenize("abc"))
+        assert out["usage"]["completion_tokens"] <= 8
+        streamed = "".join(c["choices"][0]["text"] for c in llm("abc", max_tokens=8, temperature=0.0, stream=True))
+        assert streamed == choice["text"]
+        echoed = llm("abc", max_tokens=2, temperature=0.0, echo=True)["choices"][0]["text"]
+        assert echoed.startswith("abc")
+
+
+def test_create_completion_stops_at_stop_string(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=128) as llm:
+        prompt = llm.tokenize("abc")
+        gen = list(llm.generate(prompt, max_tokens=48, temperature=0.0))
+        full = llm.detokenize(gen)
+        # a stop string: the first generated piece that is printable ASCII
+        pieces = [llm.model.token_to_piece(t) for t in gen[1:]]
+        stops = [p for p in pieces if p and p.isascii() and p.decode().isprintable()]
+        if not stops:
+            pytest.skip("the random model generated no printable ASCII piece")
+        stop = stops[0].decode()
+        out = llm.create_completion(prompt, max_tokens=48, temperature=0.0, stop=[stop])
+    assert out["choices"][0]["text"] == full[: full.find(stop.encode())].decode("utf-8", "replace")
+    assert out["choices"][0]["finish_reason"] == "stop"
+
+
+def test_prompt_prefix_is_reused(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=128) as llm:
+        p = llm.tokenize("abcdef")
+        first = list(llm.generate(p, max_tokens=3, temperature=0.0, stop_on_eog=False))
+        assert llm.n_tokens == len(p) + 2  # the last sampled token is never evaluated
+        again = list(llm.generate(p, max_tokens=3, temperature=0.0, stop_on_eog=False))
+    assert first == again
