@@ -1,0 +1,59 @@
+"""CUDA builds: the GPU paths give the CPU's logits (skipped without CUDA devices)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyllama_so
+from pyllama_so import Llama
+
+pytestmark = pytest.mark.gpu
+PROMPT = "Tensor parallel inference on two GPUs."
+
+
+def gpus() -> int:
+    return sum(1 for d in pyllama_so.devices() if d["backend"] == "CUDA")
+
+
+def logits(model: Path, **kw: object) -> np.ndarray:
+    with Llama(model, n_ctx=256, **kw) as llm:  # type: ignore[arg-type]
+        return llm.eval(llm.tokenize(PROMPT))
+
+
+def nmse(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.sum((a.astype(np.float64) - ref) ** 2) / np.sum(ref.astype(np.float64) ** 2))
+
+
+def test_cuda_is_compiled_in() -> None:
+    info = pyllama_so.build_info()
+    assert "CUDA" in info["compiled_backends"]
+    assert gpus() >= 1
+
+
+@pytest.mark.parametrize("split_mode", ["none", "layer"])
+def test_gpu_matches_cpu_device(tiny_model: Path, split_mode: str) -> None:
+    ref = logits(tiny_model, n_gpu_layers=0, split_mode="none")
+    got = logits(tiny_model, n_gpu_layers=-1, split_mode=split_mode)
+    assert np.isfinite(got).all()
+    assert nmse(got, ref) < 1e-4
+
+
+def test_tensor_split_matches_cpu_device(tiny_model: Path) -> None:
+    if gpus() < 2:
+        pytest.skip("needs two CUDA devices (or GGML_CUDA_DEVICES=2)")
+    ref = logits(tiny_model, n_gpu_layers=0, split_mode="none")
+    got = logits(tiny_model, n_gpu_layers=-1, split_mode="tensor")
+    assert nmse(got, ref) < 1e-4
+
+
+def test_tensor_split_greedy_tokens_match_layer_split(tiny_model: Path) -> None:
+    if gpus() < 2:
+        pytest.skip("needs two CUDA devices")
+    outs = []
+    for sm in ("layer", "tensor"):
+        with Llama(tiny_model, n_ctx=256, split_mode=sm) as llm:
+            outs.append(list(llm.generate(llm.tokenize("abc"), max_tokens=16, temperature=0.0, stop_on_eog=False)))
+    assert outs[0] == outs[1]
