@@ -108,8 +108,8 @@ cdef _null_check(const void * ptr, exc_type, str what):
         raise exc_type(what + (f": {detail}" if detail else ""))
 
 
+llama_log_set(_log_callback, NULL)  # first, so that backend initialisation logs through it too
 llama_backend_init()
-llama_log_set(_log_callback, NULL)
 
 
 def upstream_version():

@@ -145,8 +145,10 @@ class Llama:
         self._model = _llama.Model.load(path, n_gpu_layers=n_gpu_layers, split_mode=mode, main_gpu=main_gpu,
                                         tensor_split=split, use_mmap=use_mmap)
         try:
+            cpus = os.cpu_count() or 1  # llama-cpp-python's defaults: half the CPUs for generation, all for batches
             self._ctx = _llama.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
-                                       n_threads=n_threads or -1, n_threads_batch=n_threads_batch or -1,
+                                       n_threads=n_threads or max(cpus // 2, 1),
+                                       n_threads_batch=n_threads_batch or cpus,
                                        flash_attn=fa, type_k=tk, type_v=tv)
         except BaseException:
             self._model.free()
