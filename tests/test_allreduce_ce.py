@@ -264,7 +264,7 @@ def test_allocation_failure_falls_back(knobs: pytest.MonkeyPatch) -> None:
     a0, a1 = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     r0, r1 = run_ce(a0, a1, n_iter=1)
     assert_same_on_both(r0, r1)
-    np.testing.assert_allclose(r0, a0 + a1, rtol=2e-2, atol=2e-2)  # NCCL/internal: BF16 on the wire
+    np.testing.assert_allclose(r0, a0 + a1, rtol=2e-2, atol=5e-2)  # NCCL/internal: BF16 on the wire
     st = allreduce.allreduce_stats()
     assert st.paths["ce"].calls == 0
     assert st.ce_alloc_failures == 1 and st.ce_buffer_allocs == 0

@@ -436,6 +436,11 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router *, ggml_tensor **) {
 // ---------------------------------------------------------------------------------------------
 
 static bool ggml_cuda_ce_peer_access(const int dev0, const int dev1) {
+#if !GGML_CUDA_CE_SUPPORTED
+    GGML_UNUSED(dev0);
+    GGML_UNUSED(dev1);
+    return false;
+#else
     const ggml_cuda_device_info & info = ggml_cuda_info();
     const int p0 = info.devices[dev0].physical_device;
     const int p1 = info.devices[dev1].physical_device;
@@ -447,6 +452,7 @@ static bool ggml_cuda_ce_peer_access(const int dev0, const int dev1) {
     CUDA_CHECK(cudaDeviceCanAccessPeer(&a, p0, p1));
     CUDA_CHECK(cudaDeviceCanAccessPeer(&b, p1, p0));
     return a && b;
+#endif // !GGML_CUDA_CE_SUPPORTED
 }
 
 ggml_cuda_ce_router * ggml_cuda_ce_router_init(
