@@ -1,0 +1,120 @@
+"""AllReduce paths of the CUDA backend under ``split_mode="tensor"``: counters and configuration.
+
+Two GPUs reduce partial results twice per layer. Each reduction runs on one of these paths
+(see docs/multi-gpu.md):
+
+``ce``        copy engines through pinned host memory (GPUs without peer access, >= 512 KiB)
+``nccl``      NCCL
+``internal``  llama.cpp's internal 2-GPU pipeline (small reductions next to ``ce``)
+``fallback``  declined by the CUDA backend; the meta backend's generic reduction ran
+
+Example::
+
+    from pyllama_so import allreduce
+    allreduce.configure_allreduce(copy_engines=True)   # before creating the Llama
+    with Llama(path, split_mode="tensor") as llm:
+        allreduce.reset_allreduce_stats()
+        llm("...")
+        print(allreduce.allreduce_stats().paths["ce"].calls)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from pyllama_so import _llama
+
+__all__ = [
+    "PATHS",
+    "PathStats",
+    "AllReduceStats",
+    "allreduce_stats",
+    "reset_allreduce_stats",
+    "configure_allreduce",
+    "allreduce_available",
+]
+
+PATHS: tuple[str, ...] = tuple(_llama.ALLREDUCE_PATHS)
+
+ENV_CE = "GGML_CUDA_AR_CE"
+ENV_CE_MIN_BYTES = "GGML_CUDA_AR_CE_MIN_BYTES"
+
+
+@dataclass(frozen=True)
+class PathStats:
+    calls: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class AllReduceStats:
+    """Counters summed over every comm context of this process since the last reset."""
+
+    available: bool = False
+    paths: dict[str, PathStats] = field(default_factory=lambda: {p: PathStats() for p in PATHS})
+    ce_rounds: int = 0
+    ce_buffer_allocs: int = 0
+    ce_alloc_failures: int = 0
+
+    @property
+    def total_calls(self) -> int:
+        return sum(p.calls for p in self.paths.values())
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "available": self.available,
+            "paths": {k: {"calls": v.calls, "bytes": v.bytes} for k, v in self.paths.items()},
+            "ce_rounds": self.ce_rounds,
+            "ce_buffer_allocs": self.ce_buffer_allocs,
+            "ce_alloc_failures": self.ce_alloc_failures,
+        }
+
+
+def allreduce_available() -> bool:
+    """True when this build has the CUDA backend (and so the AllReduce paths and counters)."""
+    return bool(_llama.allreduce_available())
+
+
+def allreduce_stats() -> AllReduceStats:
+    """Reductions and bytes per path. All zeros, ``available=False``, in a build without CUDA."""
+    raw = _llama.allreduce_stats()
+    return AllReduceStats(
+        available=bool(raw["available"]),
+        paths={name: PathStats(**raw["paths"][name]) for name in PATHS},
+        ce_rounds=raw["ce_rounds"],
+        ce_buffer_allocs=raw["ce_buffer_allocs"],
+        ce_alloc_failures=raw["ce_alloc_failures"],
+    )
+
+
+def reset_allreduce_stats() -> None:
+    _llama.allreduce_stats_reset()
+
+
+def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None = None) -> None:
+    """Set the copy-engine knobs for comm contexts created from now on.
+
+    Must be called before creating a ``Llama`` (or anything else that builds a ``split_mode="tensor"``
+    context): the CUDA backend reads the variables when it creates the comm context, not later.
+
+    copy_engines: None = automatic (copy engines for large reductions between GPUs without peer
+        access), True = force them even with peer access, False = never (upstream routing).
+    min_bytes: smallest reduction (bytes of the F32 tensor) that goes to the copy engines; None =
+        default (512 KiB); 1 = every reduction.
+    """
+    if copy_engines is not None and not isinstance(copy_engines, bool):
+        raise TypeError(f"copy_engines must be bool or None, not {type(copy_engines).__name__}")
+    if min_bytes is not None:
+        if isinstance(min_bytes, bool) or not isinstance(min_bytes, int):
+            raise TypeError(f"min_bytes must be int or None, not {type(min_bytes).__name__}")
+        if min_bytes < 1:
+            raise ValueError(f"min_bytes must be >= 1, got {min_bytes}")
+    if copy_engines is None:
+        os.environ.pop(ENV_CE, None)
+    else:
+        os.environ[ENV_CE] = "1" if copy_engines else "0"
+    if min_bytes is None:
+        os.environ.pop(ENV_CE_MIN_BYTES, None)
+    else:
+        os.environ[ENV_CE_MIN_BYTES] = str(min_bytes)

@@ -1,0 +1,225 @@
+"""AllReduce benchmark for two GPUs: copy engines vs NCCL vs the internal pipeline vs the ceiling.
+
+    python -m pyllama_so.bench.allreduce [--sizes 512K,2M,8M,32M] [--iters 50] [--json OUT]
+
+Sizes are the 16-bit payload that crosses between the GPUs (as in docs/benchmarks.md and NCCL's
+algBW); the reduced F32 tensor is twice as large. For each size it times, in one run:
+
+  ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size)
+  nccl          NCCL as the machine allows (NVLink/peer access where present)
+  nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory (in a child process: NCCL
+                reads the variable once per process)
+  internal      llama.cpp's internal pipeline (GGML_CUDA_ALLREDUCE=internal)
+  ceiling       both GPUs copying the payload device->host and host->device at once (pinned),
+                the bound for any reduction through host memory
+
+and prints time, algBW (payload / time) and the ratio to the ceiling (ceiling time / time).
+Each path's reductions are checked against the counters, so a path that silently fell back to
+another one is reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+
+DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
+
+# path -> (environment for the comm context, the counter that must move)
+PATHS: dict[str, tuple[dict[str, str | None], str]] = {
+    "ce": ({"GGML_CUDA_ALLREDUCE": None, "GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"}, "ce"),
+    "nccl": ({"GGML_CUDA_ALLREDUCE": "nccl", "GGML_CUDA_AR_CE": "0", "GGML_CUDA_AR_CE_MIN_BYTES": None}, "nccl"),
+    "internal": ({"GGML_CUDA_ALLREDUCE": "internal", "GGML_CUDA_AR_CE": "0", "GGML_CUDA_AR_CE_MIN_BYTES": None},
+                 "internal"),
+}
+ORDER = ("ce", "nccl", "nccl_nop2p", "internal")
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1] in mult:
+        value = int(float(text[:-1]) * mult[text[-1]])
+    else:
+        value = int(text)
+    if value < 4 or value % 4:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be a positive multiple of 4 bytes")
+    return value
+
+
+def parse_sizes(text: str) -> list[int]:
+    return [parse_size(s) for s in text.split(",") if s.strip()]
+
+
+def fmt_size(n: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+@contextlib.contextmanager
+def environ(changes: dict[str, str | None]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in changes}
+    try:
+        for k, v in changes.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int]) -> dict[str, object]:
+    """Times one comm-context path in this process; `sizes` are payloads (F32 tensor = 2x)."""
+    from pyllama_so import _llama
+
+    env, counter = PATHS[path]
+    with environ(env):
+        _llama.allreduce_stats_reset()
+        try:
+            us = _llama.allreduce_bench([2 * s for s in sizes], "comm", warmup, iters, tuple(devices))
+        except _llama.LlamaError as e:
+            return {"error": str(e)}
+        stats = _llama.allreduce_stats()["paths"]
+    ran = {name: v["calls"] for name, v in stats.items() if v["calls"]}
+    out: dict[str, object] = {"us": us, "paths_counted": ran}
+    if set(ran) != {counter}:
+        out["warning"] = f"expected every reduction on {counter!r}, counted {ran}"
+    return out
+
+
+def time_ceiling(sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int]) -> dict[str, object]:
+    from pyllama_so import _llama
+
+    try:
+        return {"us": _llama.allreduce_bench(list(sizes), "ceiling", warmup, iters, tuple(devices))}
+    except _llama.LlamaError as e:
+        return {"error": str(e)}
+
+
+def time_in_child(path: str, extra_env: dict[str, str], args: argparse.Namespace) -> dict[str, object]:
+    cmd = [sys.executable, "-m", "pyllama_so.bench.allreduce", "--worker", path,
+           "--sizes", ",".join(str(s) for s in args.sizes), "--warmup", str(args.warmup),
+           "--iters", str(args.iters), "--devices", f"{args.devices[0]},{args.devices[1]}"]
+    env = dict(os.environ, **extra_env)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        return {"error": f"child exited {proc.returncode}: {proc.stderr.strip()[-2000:]}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def cuda_devices() -> list[dict[str, object]]:
+    from pyllama_so import devices
+
+    return [d for d in devices() if d["backend"] == "CUDA"]
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    results: dict[str, dict[str, object]] = {}
+    results["ceiling"] = time_ceiling(args.sizes, args.warmup, args.iters, args.devices)
+    for path in ORDER:
+        if path == "nccl_nop2p":
+            results[path] = time_in_child("nccl", {"NCCL_P2P_DISABLE": "1"}, args)
+        else:
+            results[path] = time_path(path, args.sizes, args.warmup, args.iters, args.devices)
+
+    ceiling = results["ceiling"].get("us")
+    for name, res in results.items():
+        us = res.get("us")
+        if not us:
+            continue
+        res["algbw_gbs"] = [s / (t * 1e-6) / 1e9 if t > 0 else None for s, t in zip(args.sizes, us)]
+        if ceiling:
+            res["ratio_to_ceiling"] = [c / t if t > 0 else None for c, t in zip(ceiling, us)]
+    return {
+        "benchmark": "allreduce",
+        "payload": "bf16 bytes crossing between the GPUs; the reduced F32 tensor is twice as large",
+        "sizes": list(args.sizes),
+        "warmup": args.warmup,
+        "iters": args.iters,
+        "devices": [d for d in cuda_devices() if d["index"] in args.devices] or list(args.devices),
+        "results": results,
+    }
+
+
+def print_table(report: dict[str, object]) -> None:
+    sizes = report["sizes"]
+    results = report["results"]
+    print("| size | path | time (µs) | algBW (GB/s) | vs ceiling |")
+    print("|---:|---|---:|---:|---:|")
+    for k, size in enumerate(sizes):
+        for name in ("ceiling", *ORDER):
+            res = results.get(name, {})
+            if "us" not in res:
+                continue
+            t = res["us"][k]
+            bw = res["algbw_gbs"][k]
+            ratio = res.get("ratio_to_ceiling", [None] * len(sizes))[k]
+            print(f"| {fmt_size(size)} | {name} | {t:.1f} | {bw:.1f} | {ratio:.2f} |" if ratio is not None
+                  else f"| {fmt_size(size)} | {name} | {t:.1f} | {bw:.1f} | |")
+    for name, res in results.items():
+        for key in ("error", "warning"):
+            if key in res:
+                print(f"{name}: {key}: {res[key]}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pyllama_so.bench.allreduce", description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=parse_sizes, default=parse_sizes(DEFAULT_SIZES),
+                    help=f"payload sizes, comma-separated, K/M suffixes (default {DEFAULT_SIZES})")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=50, help="timed reductions per size (default 50)")
+    ap.add_argument("--devices", type=lambda s: tuple(int(x) for x in s.split(",")), default=(0, 1),
+                    help="two CUDA device indices (default 0,1)")
+    ap.add_argument("--json", metavar="OUT", help="also write the results as JSON to OUT ('-' = stdout)")
+    ap.add_argument("--worker", choices=sorted(PATHS), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if len(args.devices) != 2 or args.devices[0] == args.devices[1]:
+        ap.error("--devices needs two different indices")
+    if args.iters < 1 or args.warmup < 0:
+        ap.error("--iters must be >= 1 and --warmup >= 0")
+
+    if args.worker:
+        print(json.dumps(time_path(args.worker, args.sizes, args.warmup, args.iters, args.devices)))
+        return 0
+
+    from pyllama_so import _llama
+
+    if not _llama.allreduce_available() or len(cuda_devices()) < 2:
+        msg = "skipped: needs a CUDA build and two CUDA devices"
+        print(msg)
+        if args.json:
+            text = json.dumps({"benchmark": "allreduce", "skipped": msg}, indent=2)
+            if args.json == "-":
+                print(text)
+            else:
+                with open(args.json, "w") as f:
+                    f.write(text + "\n")
+        return 0
+
+    report = run(args)
+    print_table(report)
+    if args.json:
+        text = json.dumps(report, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Copy-engine AllReduce (ggml/src/ggml-cuda/allreduce-ce.cu): exactness, routing, knobs, races.
+
+GPU tests run reductions on host data through a fresh CUDA comm context on devices 0 and 1
+(pyllama_so._llama.allreduce_run) and compare with an exact numpy emulation: each side rounded
+F32 -> BF16 (nearest even), added in F32 as part0 + part1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pyllama_so
+from pyllama_so import _llama, allreduce
+
+CHUNK_ELEMS = 512 * 1024 // 2  # one 512 KiB BF16 copy
+SLOT_ELEMS = 4 * 1024 * 1024 // 2  # one slot (the per-round buffer) in BF16 elements
+MIN_BYTES_DEFAULT = 512 * 1024
+
+KNOBS = ("GGML_CUDA_ALLREDUCE", "GGML_CUDA_AR_CE", "GGML_CUDA_AR_CE_MIN_BYTES", "GGML_CUDA_AR_CE_FAIL_ALLOC")
+
+
+def _cuda_device_count() -> int:
+    return sum(1 for d in pyllama_so.devices() if d["backend"] == "CUDA")
+
+
+needs_two_gpus = pytest.mark.skipif(
+    not _llama.allreduce_available() or _cuda_device_count() < 2, reason="needs a CUDA build and 2 CUDA devices")
+
+
+@pytest.fixture
+def knobs(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for k in KNOBS:
+        monkeypatch.delenv(k, raising=False)
+    allreduce.reset_allreduce_stats()
+    return monkeypatch
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy emulation
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """F32 -> BF16 (round to nearest even, NaN stays NaN) -> F32, exactly."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+    quiet_nan = ((u >> 16) | 0x40) & 0xFFFF
+    h = np.where((u & 0x7FFFFFFF) > 0x7F800000, quiet_nan, rounded).astype(np.uint32)
+    return (h << 16).view(np.float32)
+
+
+def emulate(a0: np.ndarray, a1: np.ndarray, inactive: int = 0) -> np.ndarray:
+    p0 = np.zeros_like(a0) if inactive & 1 else bf16_round(a0)
+    p1 = np.zeros_like(a1) if inactive & 2 else bf16_round(a1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (p0 + p1).astype(np.float32)
+
+
+def assert_bitwise(got: np.ndarray, want: np.ndarray, what: str = "") -> None:
+    assert got.shape == want.shape
+    gn, wn = np.isnan(got), np.isnan(want)
+    assert np.array_equal(gn, wn), f"{what}: NaN positions differ"
+    gb = got.view(np.uint32)[~gn]
+    wb = want.view(np.uint32)[~wn]
+    bad = np.flatnonzero(gb != wb)
+    assert bad.size == 0, (f"{what}: {bad.size} elements differ, first at {bad[0]}: "
+                           f"got {got[~gn][bad[0]]!r} want {want[~wn][bad[0]]!r}")
+
+
+def assert_same_on_both(r0: np.ndarray, r1: np.ndarray) -> None:
+    assert np.array_equal(r0.view(np.uint32), r1.view(np.uint32)), "the two GPUs disagree bitwise"
+
+
+def special_data(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3], n)).astype(np.float32)
+    specials = np.array([np.inf, -np.inf, np.nan, -0.0, 0.0, 1e-40, -1e-40, 1.4e-45, 1.1754942e-38,
+                         3.3e38, -3.39e38, 1.00390625, 1.01171875], dtype=np.float32)
+    if n:
+        idx = rng.choice(n, size=min(n, 4 * specials.size), replace=n < 4 * specials.size)
+        x[idx] = np.resize(specials, idx.size)
+    # raw bit patterns: denormals, NaN payloads, halfway cases
+    if n > 64:
+        bits = rng.integers(0, 2**32, size=32, dtype=np.uint64).astype(np.uint32)
+        x[rng.choice(n, 32, replace=False)] = bits.view(np.float32)
+    return x
+
+
+def run_ce(a0: np.ndarray, a1: np.ndarray, **kw: object) -> tuple[np.ndarray, np.ndarray]:
+    return _llama.allreduce_run(a0, a1, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: API shape and validation
+
+def test_stats_api_shape() -> None:
+    st = allreduce.allreduce_stats()
+    assert set(st.paths) == {"ce", "nccl", "internal", "fallback"}
+    assert st.available == allreduce.allreduce_available()
+    if not st.available:
+        assert st.total_calls == 0 and st.ce_rounds == 0 and st.ce_buffer_allocs == 0
+        assert all(p.bytes == 0 for p in st.paths.values())
+        allreduce.reset_allreduce_stats()  # a no-op without CUDA
+        assert allreduce.allreduce_stats() == st
+    assert st.to_dict()["paths"]["ce"] == {"calls": st.paths["ce"].calls, "bytes": st.paths["ce"].bytes}
+
+
+def test_run_without_cuda_raises() -> None:
+    if allreduce.allreduce_available():
+        pytest.skip("CUDA build")
+    with pytest.raises(pyllama_so.LlamaError):
+        _llama.allreduce_run(np.zeros(4, np.float32), np.zeros(4, np.float32))
+
+
+def test_configure_allreduce_sets_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in KNOBS:
+        monkeypatch.delenv(k, raising=False)
+    allreduce.configure_allreduce(copy_engines=True, min_bytes=1)
+    import os
+    assert os.environ["GGML_CUDA_AR_CE"] == "1" and os.environ["GGML_CUDA_AR_CE_MIN_BYTES"] == "1"
+    allreduce.configure_allreduce(copy_engines=False)
+    assert os.environ["GGML_CUDA_AR_CE"] == "0" and "GGML_CUDA_AR_CE_MIN_BYTES" not in os.environ
+    allreduce.configure_allreduce()
+    assert "GGML_CUDA_AR_CE" not in os.environ
+
+
+@pytest.mark.parametrize("kwargs, exc", [
+    ({"copy_engines": 1}, TypeError),
+    ({"copy_engines": "yes"}, TypeError),
+    ({"min_bytes": 0}, ValueError),
+    ({"min_bytes": -5}, ValueError),
+    ({"min_bytes": 1.5}, TypeError),
+    ({"min_bytes": True}, TypeError),
+])
+def test_configure_allreduce_validates(monkeypatch: pytest.MonkeyPatch, kwargs: dict, exc: type) -> None:
+    for k in KNOBS:
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(exc):
+        allreduce.configure_allreduce(**kwargs)
+    import os
+    assert not any(k in os.environ for k in KNOBS)
+
+
+def test_emulation_reference_values() -> None:
+    cases = {  # f32 bits -> bf16 bits
+        0x3F800000: 0x3F80,  # 1.0
+        0x3F808000: 0x3F80,  # halfway, even: down
+        0x3F818000: 0x3F82,  # halfway, odd: up
+        0x80000000: 0x8000,  # -0
+        0x7F800000: 0x7F80,  # inf
+        0x7F7F8000: 0x7F80,  # rounds up to inf
+        0x000116C2: 0x0001,  # denormal, kept
+        0x00018000: 0x0002,  # denormal halfway, odd: up
+        0x7FC00001: 0x7FC0,  # quiet NaN
+        0x7F800001: 0x7FC0,  # signalling NaN: quieted, not turned into inf
+    }
+    x = np.array(list(cases), dtype=np.uint32).view(np.float32)
+    got = bf16_round(x).view(np.uint32) >> 16
+    assert [hex(v) for v in got] == [hex(v) for v in cases.values()]
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+
+SIZES = [1, 2, 3, 1001, CHUNK_ELEMS - 1, CHUNK_ELEMS + 7, SLOT_ELEMS, SLOT_ELEMS + 1, 3 * SLOT_ELEMS + 12345]
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+@pytest.mark.parametrize("n", SIZES)
+def test_ce_bitwise(knobs: pytest.MonkeyPatch, n: int) -> None:
+    knobs.setenv("GGML_CUDA_AR_CE", "1")
+    knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", "1")
+    a0, a1 = special_data(n, 1), special_data(n, 2)
+    r0, r1 = run_ce(a0, a1)
+    assert_same_on_both(r0, r1)
+    assert_bitwise(r0, emulate(a0, a1), f"n={n}")
+    st = allreduce.allreduce_stats()
+    assert st.paths["ce"].calls == 1 and st.paths["ce"].bytes == 4 * n
+    assert st.ce_rounds == -(-n // SLOT_ELEMS)
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+@pytest.mark.parametrize("inactive", [1, 2, 3])
+@pytest.mark.parametrize("n", [5, CHUNK_ELEMS + 3, 2 * SLOT_ELEMS + 1])
+def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive: int, n: int) -> None:
+    knobs.setenv("GGML_CUDA_AR_CE", "1")
+    knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", "1")
+    a0, a1 = special_data(n, 3), special_data(n, 4)
+    # an inactive shard's data is garbage; it must not be read
+    if inactive & 1:
+        a0[:] = np.nan
+    if inactive & 2:
+        a1[:] = np.nan
+    r0, r1 = run_ce(a0, a1, inactive=inactive)
+    assert_same_on_both(r0, r1)
+    assert_bitwise(r0, emulate(a0, a1, inactive), f"inactive={inactive}")
+    assert allreduce.allreduce_stats().paths["ce"].calls == 1
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_empty_reduction(knobs: pytest.MonkeyPatch) -> None:
+    knobs.setenv("GGML_CUDA_AR_CE", "1")
+    knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", "1")
+    r0, r1 = run_ce(np.zeros(0, np.float32), np.zeros(0, np.float32))
+    assert r0.size == 0 and r1.size == 0
+    assert allreduce.allreduce_stats().total_calls == 0  # nothing to move, on any path
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_routing_by_size(knobs: pytest.MonkeyPatch) -> None:
+    knobs.setenv("GGML_CUDA_AR_CE", "1")  # the H200s have peer access: force the copy engines on
+    small = MIN_BYTES_DEFAULT // 4 - 1
+    large = MIN_BYTES_DEFAULT // 4
+    for n in (small, large):
+        a0, a1 = special_data(n, 5), special_data(n, 6)
+        r0, r1 = run_ce(np.nan_to_num(a0, posinf=0, neginf=0), np.nan_to_num(a1, posinf=0, neginf=0))
+        assert_same_on_both(r0, r1)
+    st = allreduce.allreduce_stats()
+    assert st.paths["ce"].calls == 1 and st.paths["ce"].bytes == 4 * large
+    # below the threshold: the internal pipeline (NCCL where the internal pipeline could not start)
+    assert st.paths["internal"].calls + st.paths["nccl"].calls == 1
+    assert st.paths["fallback"].calls == 0
+
+    allreduce.reset_allreduce_stats()
+    knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", str(4 * 1000))
+    run_ce(np.ones(999, np.float32), np.ones(999, np.float32))
+    run_ce(np.ones(1000, np.float32), np.ones(1000, np.float32))
+    assert allreduce.allreduce_stats().paths["ce"].calls == 1
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_knob_off_sends_large_to_base_path(knobs: pytest.MonkeyPatch) -> None:
+    knobs.setenv("GGML_CUDA_AR_CE", "0")
+    n = 4 * SLOT_ELEMS
+    a0, a1 = np.ones(n, np.float32), np.full(n, 2.0, np.float32)
+    r0, r1 = run_ce(a0, a1)
+    np.testing.assert_array_equal(r0, 3.0)
+    np.testing.assert_array_equal(r1, 3.0)
+    st = allreduce.allreduce_stats()
+    assert st.paths["ce"].calls == 0 and st.ce_buffer_allocs == 0
+    assert st.paths["nccl"].calls + st.paths["internal"].calls == 1
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_knob_force_with_configure(knobs: pytest.MonkeyPatch) -> None:
+    allreduce.configure_allreduce(copy_engines=True, min_bytes=1)
+    run_ce(np.ones(10, np.float32), np.ones(10, np.float32))
+    st = allreduce.allreduce_stats()
+    assert st.paths["ce"].calls == 1 and st.ce_buffer_allocs == 1
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_allocation_failure_falls_back(knobs: pytest.MonkeyPatch) -> None:
+    knobs.setenv("GGML_CUDA_AR_CE", "1")
+    knobs.setenv("GGML_CUDA_AR_CE_FAIL_ALLOC", "1")
+    n = SLOT_ELEMS + 17
+    rng = np.random.default_rng(7)
+    a0, a1 = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    r0, r1 = run_ce(a0, a1, n_iter=1)
+    assert_same_on_both(r0, r1)
+    np.testing.assert_allclose(r0, a0 + a1, rtol=2e-2, atol=5e-2)  # NCCL/internal: BF16 on the wire
+    st = allreduce.allreduce_stats()
+    assert st.paths["ce"].calls == 0
+    assert st.ce_alloc_failures == 1 and st.ce_buffer_allocs == 0
+    assert st.paths["nccl"].calls + st.paths["internal"].calls == 1
+    assert st.paths["fallback"].calls == 0
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+@pytest.mark.parametrize("n, n_iter", [(CHUNK_ELEMS + 5, 96), (SLOT_ELEMS - 3, 24), (2 * SLOT_ELEMS + 777, 12),
+                                       (4097, 256)])
+def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int) -> None:
+    """Many reductions without host syncs; each must equal its own emulation bitwise."""
+    knobs.setenv("GGML_CUDA_AR_CE", "1")
+    knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", "1")
+    rng = np.random.default_rng(n ^ n_iter)
+    a0 = rng.standard_normal(n * n_iter).astype(np.float32)
+    a1 = rng.standard_normal(n * n_iter).astype(np.float32)
+    r0, r1 = run_ce(a0, a1, n_iter=n_iter)
+    assert_same_on_both(r0, r1)
+    want = emulate(a0, a1)
+    for k in range(n_iter):
+        sl = slice(k * n, (k + 1) * n)
+        assert_bitwise(r0[sl], want[sl], f"reduction {k}")
+    st = allreduce.allreduce_stats()
+    assert st.paths["ce"].calls == n_iter and st.ce_buffer_allocs == 1
