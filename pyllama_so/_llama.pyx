@@ -744,3 +744,5 @@ cdef class Context:
                 pos += 1
                 tok = self._rand_token(n_vocab)
         _check_decode(rc, "generation run")
+
+include "_archs.pxi"
