@@ -747,3 +747,4 @@ cdef class Context:
         _check_decode(rc, "generation run")
 
 include "_allreduce.pxi"
+include "_archs.pxi"

@@ -1,0 +1,735 @@
+// CPU virtual devices: see ggml-cpu-virtual.h.
+//
+// Every backend instance owns a worker thread that runs its graphs, copies and set/get calls in
+// submission order, as a GPU stream does. Graphs are computed by a private CPU backend, so results
+// equal the CPU's. Events are counters that the streams advance and wait on.
+
+#include "ggml-cpu-virtual.h"
+#include "ggml-backend-impl.h"
+#include "ggml-cpu.h"
+#include "ggml-impl.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#define GGML_CPU_VIRTUAL_MAX_DEVICES 16
+#define GGML_CPU_VIRTUAL_ALIGNMENT   64
+
+static int env_int(const char * name, int def) {
+    const char * s = getenv(name);
+    return s && *s ? atoi(s) : def;
+}
+
+// streams
+
+struct ggml_cpu_virtual_stream {
+    std::mutex                        mtx;
+    std::condition_variable           cv;
+    std::deque<std::function<void()>> tasks;
+    bool                              busy = false;
+    bool                              stop = false;
+    std::thread                       worker;
+
+    ggml_cpu_virtual_stream() : worker([this] { run(); }) {}
+
+    ~ggml_cpu_virtual_stream() {
+        {
+            std::lock_guard<std::mutex> lock(mtx);
+            stop = true;
+        }
+        cv.notify_all();
+        worker.join();
+    }
+
+    void run() {
+        std::unique_lock<std::mutex> lock(mtx);
+        while (true) {
+            cv.wait(lock, [this] { return stop || !tasks.empty(); });
+            if (tasks.empty()) {
+                return; // stop, and nothing left to run
+            }
+            std::function<void()> task = std::move(tasks.front());
+            tasks.pop_front();
+            busy = true;
+            lock.unlock();
+            task();
+            lock.lock();
+            busy = false;
+            cv.notify_all();
+        }
+    }
+
+    void push(std::function<void()> task) {
+        {
+            std::lock_guard<std::mutex> lock(mtx);
+            tasks.push_back(std::move(task));
+        }
+        cv.notify_all();
+    }
+
+    void drain() {
+        std::unique_lock<std::mutex> lock(mtx);
+        cv.wait(lock, [this] { return tasks.empty() && !busy; });
+    }
+};
+
+// events: n_recorded counts record calls, n_done the records that their stream has reached
+
+struct ggml_cpu_virtual_event {
+    std::mutex              mtx;
+    std::condition_variable cv;
+    uint64_t                n_recorded = 0;
+    uint64_t                n_done     = 0;
+
+    void record(ggml_cpu_virtual_stream & stream) {
+        uint64_t target;
+        {
+            std::lock_guard<std::mutex> lock(mtx);
+            target = ++n_recorded;
+        }
+        stream.push([this, target] {
+            {
+                std::lock_guard<std::mutex> lock(mtx);
+                n_done = std::max(n_done, target);
+            }
+            cv.notify_all();
+        });
+    }
+
+    // block until the last record made before this call has been reached
+    void wait_host(uint64_t target) {
+        std::unique_lock<std::mutex> lock(mtx);
+        cv.wait(lock, [this, target] { return n_done >= target; });
+    }
+
+    uint64_t last_recorded() {
+        std::lock_guard<std::mutex> lock(mtx);
+        return n_recorded;
+    }
+
+    // make the stream wait for the last record made before this call
+    void wait_on(ggml_cpu_virtual_stream & stream, bool broken) {
+        if (broken) {
+            return; // GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT: the deliberate bug
+        }
+        const uint64_t target = last_recorded();
+        stream.push([this, target] { wait_host(target); });
+    }
+};
+
+// devices, buffers
+
+struct ggml_cpu_virtual_device_context {
+    int                              index;
+    std::string                      name;
+    std::string                      description;
+    ggml_backend_buffer_type         buft;
+};
+
+static const char * ggml_cpu_virtual_buffer_type_get_name(ggml_backend_buffer_type_t buft) {
+    return ((ggml_cpu_virtual_device_context *) buft->context)->name.c_str();
+}
+
+static void ggml_cpu_virtual_buffer_free(ggml_backend_buffer_t buffer) {
+    ggml_aligned_free(buffer->context, buffer->size);
+}
+
+static void * ggml_cpu_virtual_buffer_get_base(ggml_backend_buffer_t buffer) {
+    return buffer->context;
+}
+
+static void ggml_cpu_virtual_buffer_memset_tensor(ggml_backend_buffer_t buffer, ggml_tensor * tensor, uint8_t value, size_t offset, size_t size) {
+    memset((char *) tensor->data + offset, value, size);
+    GGML_UNUSED(buffer);
+}
+
+static void ggml_cpu_virtual_buffer_set_tensor(ggml_backend_buffer_t buffer, ggml_tensor * tensor, const void * data, size_t offset, size_t size) {
+    memcpy((char *) tensor->data + offset, data, size);
+    GGML_UNUSED(buffer);
+}
+
+static void ggml_cpu_virtual_buffer_get_tensor(ggml_backend_buffer_t buffer, const ggml_tensor * tensor, void * data, size_t offset, size_t size) {
+    memcpy(data, (const char *) tensor->data + offset, size);
+    GGML_UNUSED(buffer);
+}
+
+static bool ggml_cpu_virtual_buffer_is_ours(ggml_backend_buffer_t buffer);
+
+static bool ggml_cpu_virtual_buffer_cpy_tensor(ggml_backend_buffer_t buffer, const ggml_tensor * src, ggml_tensor * dst) {
+    if (ggml_backend_buffer_is_host(src->buffer) || ggml_cpu_virtual_buffer_is_ours(src->buffer)) {
+        memcpy(dst->data, src->data, ggml_nbytes(src));
+        return true;
+    }
+    return false;
+    GGML_UNUSED(buffer);
+}
+
+static void ggml_cpu_virtual_buffer_clear(ggml_backend_buffer_t buffer, uint8_t value) {
+    memset(buffer->context, value, buffer->size);
+}
+
+static const ggml_backend_buffer_i ggml_cpu_virtual_buffer_i = {
+    /* .free_buffer   = */ ggml_cpu_virtual_buffer_free,
+    /* .get_base      = */ ggml_cpu_virtual_buffer_get_base,
+    /* .init_tensor   = */ nullptr,
+    /* .memset_tensor = */ ggml_cpu_virtual_buffer_memset_tensor,
+    /* .set_tensor    = */ ggml_cpu_virtual_buffer_set_tensor,
+    /* .get_tensor    = */ ggml_cpu_virtual_buffer_get_tensor,
+    /* .set_tensor_2d = */ nullptr,
+    /* .get_tensor_2d = */ nullptr,
+    /* .cpy_tensor    = */ ggml_cpu_virtual_buffer_cpy_tensor,
+    /* .clear         = */ ggml_cpu_virtual_buffer_clear,
+    /* .reset         = */ nullptr,
+};
+
+static bool ggml_cpu_virtual_buffer_is_ours(ggml_backend_buffer_t buffer) {
+    return buffer != nullptr && buffer->iface.free_buffer == ggml_cpu_virtual_buffer_free;
+}
+
+static ggml_backend_buffer_t ggml_cpu_virtual_buffer_type_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size) {
+    void * data = ggml_aligned_malloc(std::max<size_t>(size, 1));
+    if (data == nullptr) {
+        GGML_LOG_ERROR("%s: failed to allocate %zu bytes\n", __func__, size);
+        return nullptr;
+    }
+    return ggml_backend_buffer_init(buft, ggml_cpu_virtual_buffer_i, data, size);
+}
+
+static size_t ggml_cpu_virtual_buffer_type_get_alignment(ggml_backend_buffer_type_t buft) {
+    return GGML_CPU_VIRTUAL_ALIGNMENT;
+    GGML_UNUSED(buft);
+}
+
+// not host memory as far as ggml is concerned: like a GPU's, it is reached through set/get/copy
+static bool ggml_cpu_virtual_buffer_type_is_host(ggml_backend_buffer_type_t buft) {
+    return false;
+    GGML_UNUSED(buft);
+}
+
+static const ggml_backend_buffer_type_i ggml_cpu_virtual_buffer_type_i = {
+    /* .get_name       = */ ggml_cpu_virtual_buffer_type_get_name,
+    /* .alloc_buffer   = */ ggml_cpu_virtual_buffer_type_alloc_buffer,
+    /* .get_alignment  = */ ggml_cpu_virtual_buffer_type_get_alignment,
+    /* .get_max_size   = */ nullptr,
+    /* .get_alloc_size = */ nullptr,
+    /* .is_host        = */ ggml_cpu_virtual_buffer_type_is_host,
+};
+
+// backends
+
+struct ggml_cpu_virtual_backend_context {
+    ggml_cpu_virtual_device_context * dev_ctx;
+    std::string                       name;
+    ggml_backend_t                    cpu;          // used by the worker thread only
+    int64_t                           delay_us;
+    bool                              broken_wait;
+    std::unique_ptr<ggml_cpu_virtual_stream> stream; // declared last: joined first
+};
+
+static ggml_cpu_virtual_backend_context * vctx(ggml_backend_t backend) {
+    return (ggml_cpu_virtual_backend_context *) backend->context;
+}
+
+static const char * ggml_cpu_virtual_backend_get_name(ggml_backend_t backend) {
+    return vctx(backend)->name.c_str();
+}
+
+static void ggml_cpu_virtual_backend_free(ggml_backend_t backend) {
+    ggml_cpu_virtual_backend_context * ctx = vctx(backend);
+    ctx->stream.reset(); // runs what is queued, then joins
+    ggml_backend_free(ctx->cpu);
+    delete ctx;
+    delete backend;
+}
+
+static void ggml_cpu_virtual_backend_set_tensor_async(ggml_backend_t backend, ggml_tensor * tensor, const void * data, size_t offset, size_t size) {
+    // the caller may reuse its memory once this returns, as with a pageable cudaMemcpyAsync
+    auto staged = std::make_shared<std::vector<uint8_t>>((const uint8_t *) data, (const uint8_t *) data + size);
+    char * dst = (char *) tensor->data + offset;
+    vctx(backend)->stream->push([staged, dst] { memcpy(dst, staged->data(), staged->size()); });
+}
+
+static void ggml_cpu_virtual_backend_get_tensor_async(ggml_backend_t backend, const ggml_tensor * tensor, void * data, size_t offset, size_t size) {
+    const char * src = (const char *) tensor->data + offset;
+    vctx(backend)->stream->push([src, data, size] { memcpy(data, src, size); });
+}
+
+static bool ggml_cpu_virtual_backend_cpy_tensor_async(ggml_backend_t backend_src, ggml_backend_t backend_dst, const ggml_tensor * src, ggml_tensor * dst) {
+    if (!ggml_backend_is_cpu_virtual(backend_src) || !ggml_backend_is_cpu_virtual(backend_dst) ||
+            !ggml_cpu_virtual_buffer_is_ours(src->buffer) || !ggml_cpu_virtual_buffer_is_ours(dst->buffer) ||
+            !ggml_is_contiguous(src) || !ggml_is_contiguous(dst)) {
+        return false;
+    }
+    // as CUDA does: copy on the source stream, the destination stream waits for the copy
+    const void * src_data = src->data;
+    void *       dst_data = dst->data;
+    const size_t nbytes   = ggml_nbytes(src);
+    auto ev = std::make_shared<ggml_cpu_virtual_event>();
+    vctx(backend_src)->stream->push([src_data, dst_data, nbytes] { memcpy(dst_data, src_data, nbytes); });
+    ev->record(*vctx(backend_src)->stream);
+    ev->wait_on(*vctx(backend_dst)->stream, vctx(backend_dst)->broken_wait);
+    vctx(backend_dst)->stream->push([ev] {}); // keeps the event alive until the wait has run
+    return true;
+}
+
+static void ggml_cpu_virtual_backend_synchronize(ggml_backend_t backend) {
+    vctx(backend)->stream->drain();
+}
+
+// A snapshot of the graph's nodes and their sources: callers (the Meta backend) rewrite their
+// auxiliary tensors on the next call, possibly before this stream has reached the graph.
+struct ggml_cpu_virtual_graph_copy {
+    std::vector<ggml_tensor>   tensors;
+    std::vector<ggml_tensor *> nodes;
+    ggml_cgraph                graph;
+
+    explicit ggml_cpu_virtual_graph_copy(const ggml_cgraph * src) {
+        const int n_nodes = src->n_nodes;
+        std::unordered_map<const ggml_tensor *, size_t> index;
+        for (int i = 0; i < n_nodes; i++) {
+            index.emplace(src->nodes[i], i);
+        }
+        for (int i = 0; i < n_nodes; i++) {
+            for (int s = 0; s < GGML_MAX_SRC; s++) {
+                const ggml_tensor * t = src->nodes[i]->src[s];
+                if (t != nullptr && index.find(t) == index.end()) {
+                    index.emplace(t, index.size());
+                }
+            }
+        }
+        tensors.resize(index.size()); // no reallocation below: pointers into it stay valid
+        for (const auto & it : index) {
+            tensors[it.second] = *it.first;
+        }
+        for (auto & t : tensors) {
+            for (int s = 0; s < GGML_MAX_SRC; s++) {
+                if (t.src[s] != nullptr) {
+                    auto it = index.find(t.src[s]);
+                    if (it != index.end()) {
+                        t.src[s] = &tensors[it->second];
+                    }
+                }
+            }
+        }
+        nodes.resize(n_nodes);
+        for (int i = 0; i < n_nodes; i++) {
+            nodes[i] = &tensors[i];
+        }
+        graph         = *src;
+        graph.nodes   = nodes.data();
+        graph.n_nodes = n_nodes;
+        graph.size    = n_nodes;
+    }
+};
+
+static ggml_status ggml_cpu_virtual_backend_graph_compute(ggml_backend_t backend, ggml_cgraph * cgraph) {
+    ggml_cpu_virtual_backend_context * ctx = vctx(backend);
+    auto copy = std::make_shared<ggml_cpu_virtual_graph_copy>(cgraph);
+    ggml_backend_t cpu      = ctx->cpu;
+    const int64_t  delay_us = ctx->delay_us;
+    ctx->stream->push([copy, cpu, delay_us] {
+        if (delay_us > 0) {
+            std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+        }
+        const ggml_status status = ggml_backend_graph_compute(cpu, &copy->graph);
+        if (status != GGML_STATUS_SUCCESS) {
+            GGML_ABORT("%s: graph compute failed with status %d", __func__, (int) status);
+        }
+    });
+    return GGML_STATUS_SUCCESS;
+}
+
+static void ggml_cpu_virtual_backend_event_record(ggml_backend_t backend, ggml_backend_event_t event) {
+    ((ggml_cpu_virtual_event *) event->context)->record(*vctx(backend)->stream);
+}
+
+static void ggml_cpu_virtual_backend_event_wait(ggml_backend_t backend, ggml_backend_event_t event) {
+    ((ggml_cpu_virtual_event *) event->context)->wait_on(*vctx(backend)->stream, vctx(backend)->broken_wait);
+}
+
+static const ggml_backend_i ggml_cpu_virtual_backend_i = {
+    /* .get_name            = */ ggml_cpu_virtual_backend_get_name,
+    /* .free                = */ ggml_cpu_virtual_backend_free,
+    /* .set_tensor_async    = */ ggml_cpu_virtual_backend_set_tensor_async,
+    /* .get_tensor_async    = */ ggml_cpu_virtual_backend_get_tensor_async,
+    /* .set_tensor_2d_async = */ nullptr,
+    /* .get_tensor_2d_async = */ nullptr,
+    /* .cpy_tensor_async    = */ ggml_cpu_virtual_backend_cpy_tensor_async,
+    /* .synchronize         = */ ggml_cpu_virtual_backend_synchronize,
+    /* .graph_plan_create   = */ nullptr,
+    /* .graph_plan_free     = */ nullptr,
+    /* .graph_plan_update   = */ nullptr,
+    /* .graph_plan_compute  = */ nullptr,
+    /* .graph_compute       = */ ggml_cpu_virtual_backend_graph_compute,
+    /* .event_record        = */ ggml_cpu_virtual_backend_event_record,
+    /* .event_wait          = */ ggml_cpu_virtual_backend_event_wait,
+    /* .graph_optimize      = */ nullptr,
+};
+
+static ggml_guid_t ggml_cpu_virtual_guid(void) {
+    static ggml_guid guid = { 0x5c, 0x7a, 0x31, 0x0e, 0x92, 0x4b, 0x4d, 0x1f, 0xa8, 0x66, 0x2b, 0xd0, 0x13, 0x57, 0xe9, 0xc4 };
+    return &guid;
+}
+
+bool ggml_backend_is_cpu_virtual(ggml_backend_t backend) {
+    return backend != nullptr && ggml_guid_matches(backend->guid, ggml_cpu_virtual_guid());
+}
+
+static bool ggml_cpu_virtual_delay_selected(int index) {
+    const char * sel = getenv("GGML_CPU_VIRTUAL_DELAY_DEVICES");
+    if (sel == nullptr || *sel == '\0') {
+        return index != 0; // device 0 runs ahead of the others
+    }
+    for (const char * p = sel; *p;) {
+        char * end = nullptr;
+        const long v = strtol(p, &end, 10);
+        if (end == p) {
+            p++;
+            continue;
+        }
+        if (v == index) {
+            return true;
+        }
+        p = end;
+    }
+    return false;
+}
+
+static ggml_backend_t ggml_cpu_virtual_device_init_backend(ggml_backend_dev_t dev, const char * params) {
+    auto * dev_ctx = (ggml_cpu_virtual_device_context *) dev->context;
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    if (cpu == nullptr) {
+        return nullptr;
+    }
+    ggml_backend_cpu_set_n_threads(cpu, std::max(1, env_int("GGML_CPU_VIRTUAL_THREADS", 1)));
+
+    auto * ctx        = new ggml_cpu_virtual_backend_context;
+    ctx->dev_ctx      = dev_ctx;
+    ctx->name         = dev_ctx->name;
+    ctx->cpu          = cpu;
+    ctx->delay_us     = ggml_cpu_virtual_delay_selected(dev_ctx->index) ? env_int("GGML_CPU_VIRTUAL_DELAY_US", 0) : 0;
+    ctx->broken_wait  = env_int("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT", 0) != 0;
+    ctx->stream       = std::make_unique<ggml_cpu_virtual_stream>();
+    if (ctx->broken_wait) {
+        GGML_LOG_WARN("%s: GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT is set: event waits on %s do not wait (test only)\n",
+                __func__, ctx->name.c_str());
+    }
+
+    return new ggml_backend {
+        /* .guid    = */ ggml_cpu_virtual_guid(),
+        /* .iface   = */ ggml_cpu_virtual_backend_i,
+        /* .device  = */ dev,
+        /* .context = */ ctx,
+    };
+    GGML_UNUSED(params);
+}
+
+static void ggml_cpu_virtual_backend_set_n_threads(ggml_backend_t backend, int n_threads) {
+    GGML_ASSERT(ggml_backend_is_cpu_virtual(backend));
+    ggml_backend_t cpu = vctx(backend)->cpu;
+    vctx(backend)->stream->push([cpu, n_threads] { ggml_backend_cpu_set_n_threads(cpu, n_threads); });
+}
+
+// device interface
+
+static const char * ggml_cpu_virtual_device_get_name(ggml_backend_dev_t dev) {
+    return ((ggml_cpu_virtual_device_context *) dev->context)->name.c_str();
+}
+
+static const char * ggml_cpu_virtual_device_get_description(ggml_backend_dev_t dev) {
+    return ((ggml_cpu_virtual_device_context *) dev->context)->description.c_str();
+}
+
+static void ggml_cpu_virtual_device_get_memory(ggml_backend_dev_t dev, size_t * free, size_t * total) {
+    const size_t page = (size_t) sysconf(_SC_PAGESIZE);
+    *total = (size_t) sysconf(_SC_PHYS_PAGES) * page;
+    *free  = (size_t) sysconf(_SC_AVPHYS_PAGES) * page;
+    GGML_UNUSED(dev);
+}
+
+// GPU, so that llama.cpp offloads to it and its tensor split mode accepts it
+static enum ggml_backend_dev_type ggml_cpu_virtual_device_get_type(ggml_backend_dev_t dev) {
+    return GGML_BACKEND_DEVICE_TYPE_GPU;
+    GGML_UNUSED(dev);
+}
+
+static void ggml_cpu_virtual_device_get_props(ggml_backend_dev_t dev, ggml_backend_dev_props * props) {
+    props->name        = ggml_cpu_virtual_device_get_name(dev);
+    props->description = ggml_cpu_virtual_device_get_description(dev);
+    props->type        = ggml_cpu_virtual_device_get_type(dev);
+    props->device_id   = nullptr;
+    ggml_cpu_virtual_device_get_memory(dev, &props->memory_free, &props->memory_total);
+    props->caps = {
+        /* .async                = */ true,
+        /* .host_buffer          = */ false,
+        /* .buffer_from_host_ptr = */ false,
+        /* .events               = */ true,
+    };
+}
+
+static ggml_backend_buffer_type_t ggml_cpu_virtual_device_get_buffer_type(ggml_backend_dev_t dev) {
+    return &((ggml_cpu_virtual_device_context *) dev->context)->buft;
+}
+
+static bool ggml_cpu_virtual_device_supports_op(ggml_backend_dev_t dev, const ggml_tensor * op) {
+    ggml_backend_dev_t cpu_dev = ggml_backend_reg_dev_get(ggml_backend_cpu_reg(), 0);
+    return ggml_backend_dev_supports_op(cpu_dev, op);
+    GGML_UNUSED(dev);
+}
+
+static bool ggml_cpu_virtual_device_supports_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft) {
+    return buft == ggml_cpu_virtual_device_get_buffer_type(dev);
+}
+
+static bool ggml_cpu_virtual_device_offload_op(ggml_backend_dev_t dev, const ggml_tensor * op) {
+    return false;
+    GGML_UNUSED(dev);
+    GGML_UNUSED(op);
+}
+
+static ggml_backend_event_t ggml_cpu_virtual_device_event_new(ggml_backend_dev_t dev) {
+    return new ggml_backend_event { dev, new ggml_cpu_virtual_event };
+}
+
+static void ggml_cpu_virtual_device_event_free(ggml_backend_dev_t dev, ggml_backend_event_t event) {
+    delete (ggml_cpu_virtual_event *) event->context;
+    delete event;
+    GGML_UNUSED(dev);
+}
+
+static void ggml_cpu_virtual_device_event_synchronize(ggml_backend_dev_t dev, ggml_backend_event_t event) {
+    auto * ev = (ggml_cpu_virtual_event *) event->context;
+    ev->wait_host(ev->last_recorded());
+    GGML_UNUSED(dev);
+}
+
+static const ggml_backend_device_i ggml_cpu_virtual_device_i = {
+    /* .get_name             = */ ggml_cpu_virtual_device_get_name,
+    /* .get_description      = */ ggml_cpu_virtual_device_get_description,
+    /* .get_memory           = */ ggml_cpu_virtual_device_get_memory,
+    /* .get_type             = */ ggml_cpu_virtual_device_get_type,
+    /* .get_props            = */ ggml_cpu_virtual_device_get_props,
+    /* .init_backend         = */ ggml_cpu_virtual_device_init_backend,
+    /* .get_buffer_type      = */ ggml_cpu_virtual_device_get_buffer_type,
+    /* .get_host_buffer_type = */ nullptr,
+    /* .buffer_from_host_ptr = */ nullptr,
+    /* .supports_op          = */ ggml_cpu_virtual_device_supports_op,
+    /* .supports_buft        = */ ggml_cpu_virtual_device_supports_buft,
+    /* .offload_op           = */ ggml_cpu_virtual_device_offload_op,
+    /* .event_new            = */ ggml_cpu_virtual_device_event_new,
+    /* .event_free           = */ ggml_cpu_virtual_device_event_free,
+    /* .event_synchronize    = */ ggml_cpu_virtual_device_event_synchronize,
+};
+
+// comm context: AllReduce of F32 tensors in three stream steps, each summing in device order so
+// that every device ends with bitwise the same values:
+//   1. wait until every stream has produced its tensor
+//   2. sum all tensors into a private buffer (reads only), then signal
+//   3. wait until every stream has finished reading, then overwrite the own tensor with the sum
+
+struct ggml_cpu_virtual_comm {
+    std::vector<ggml_backend_t>                          backends;
+    std::vector<std::unique_ptr<ggml_cpu_virtual_event>> produced;
+    std::vector<std::unique_ptr<ggml_cpu_virtual_event>> consumed;
+};
+
+static void * ggml_cpu_virtual_comm_init(ggml_backend_t * backends, size_t n_backends) {
+    if (env_int("GGML_CPU_VIRTUAL_COMM", 1) == 0) {
+        return nullptr;
+    }
+    auto * comm = new ggml_cpu_virtual_comm;
+    for (size_t i = 0; i < n_backends; i++) {
+        if (!ggml_backend_is_cpu_virtual(backends[i])) {
+            delete comm;
+            return nullptr;
+        }
+        comm->backends.push_back(backends[i]);
+        comm->produced.emplace_back(new ggml_cpu_virtual_event);
+        comm->consumed.emplace_back(new ggml_cpu_virtual_event);
+    }
+    return comm;
+}
+
+static void ggml_cpu_virtual_comm_free(void * comm_ctx) {
+    auto * comm = (ggml_cpu_virtual_comm *) comm_ctx;
+    for (ggml_backend_t backend : comm->backends) {
+        ggml_backend_synchronize(backend); // no queued step may outlive the events
+    }
+    delete comm;
+}
+
+static bool ggml_cpu_virtual_comm_allreduce_tensor(void * comm_ctx, ggml_tensor ** tensors) {
+    auto * comm = (ggml_cpu_virtual_comm *) comm_ctx;
+    const size_t n = comm->backends.size();
+    for (size_t j = 0; j < n; j++) {
+        if (tensors[j]->type != GGML_TYPE_F32 || !ggml_is_contiguous(tensors[j]) ||
+                ggml_nelements(tensors[j]) != ggml_nelements(tensors[0])) {
+            return false; // the Meta backend's generic path handles it
+        }
+    }
+    // a tensor whose compute flag is off has a zero-sized slice: it contributes zeros
+    auto srcs = std::make_shared<std::vector<const float *>>(n);
+    for (size_t j = 0; j < n; j++) {
+        (*srcs)[j] = (tensors[j]->flags & GGML_TENSOR_FLAG_COMPUTE) ? (const float *) tensors[j]->data : nullptr;
+    }
+    const int64_t ne = ggml_nelements(tensors[0]);
+
+    for (size_t j = 0; j < n; j++) {
+        comm->produced[j]->record(*vctx(comm->backends[j])->stream);
+    }
+    // every step 2 is recorded before any step 3 waits on it: a wait covers only earlier records
+    std::vector<std::shared_ptr<std::vector<float>>> sums(n);
+    for (size_t j = 0; j < n; j++) {
+        ggml_cpu_virtual_backend_context * ctx = vctx(comm->backends[j]);
+        for (size_t k = 0; k < n; k++) {
+            if (k != j) {
+                comm->produced[k]->wait_on(*ctx->stream, ctx->broken_wait);
+            }
+        }
+        auto sum = std::make_shared<std::vector<float>>(ne);
+        sums[j] = sum;
+        ctx->stream->push([srcs, sum, ne] {
+            std::fill(sum->begin(), sum->end(), 0.0f);
+            for (const float * src : *srcs) {
+                if (src != nullptr) {
+                    for (int64_t i = 0; i < ne; i++) {
+                        (*sum)[i] += src[i];
+                    }
+                }
+            }
+        });
+        comm->consumed[j]->record(*ctx->stream);
+    }
+    for (size_t j = 0; j < n; j++) {
+        ggml_cpu_virtual_backend_context * ctx = vctx(comm->backends[j]);
+        auto   sum = sums[j];
+        float * dst = (float *) tensors[j]->data;
+        for (size_t k = 0; k < n; k++) {
+            if (k != j) {
+                comm->consumed[k]->wait_on(*ctx->stream, ctx->broken_wait);
+            }
+        }
+        ctx->stream->push([sum, dst, ne] { memcpy(dst, sum->data(), ne * sizeof(float)); });
+    }
+    return true;
+}
+
+// registry
+
+struct ggml_cpu_virtual_reg_context {
+    std::mutex                                                    mtx;
+    std::vector<std::unique_ptr<ggml_cpu_virtual_device_context>> dev_ctxs;
+    std::vector<ggml_backend_device>                              devices;
+    bool                                                          registered = false;
+};
+
+static ggml_cpu_virtual_reg_context & ggml_cpu_virtual_reg_ctx() {
+    static ggml_cpu_virtual_reg_context ctx;
+    return ctx;
+}
+
+static const char * ggml_cpu_virtual_reg_get_name(ggml_backend_reg_t reg) {
+    return "CPUV";
+    GGML_UNUSED(reg);
+}
+
+static size_t ggml_cpu_virtual_reg_get_device_count(ggml_backend_reg_t reg) {
+    return ggml_cpu_virtual_reg_ctx().devices.size();
+    GGML_UNUSED(reg);
+}
+
+static ggml_backend_dev_t ggml_cpu_virtual_reg_get_device(ggml_backend_reg_t reg, size_t index) {
+    auto & devices = ggml_cpu_virtual_reg_ctx().devices;
+    GGML_ASSERT(index < devices.size());
+    return &devices[index];
+    GGML_UNUSED(reg);
+}
+
+static void * ggml_cpu_virtual_reg_get_proc_address(ggml_backend_reg_t reg, const char * name) {
+    if (strcmp(name, "ggml_backend_set_n_threads") == 0) {
+        return (void *) ggml_cpu_virtual_backend_set_n_threads;
+    }
+    if (strcmp(name, "ggml_backend_comm_init") == 0) {
+        return (void *) ggml_cpu_virtual_comm_init;
+    }
+    if (strcmp(name, "ggml_backend_comm_free") == 0) {
+        return (void *) ggml_cpu_virtual_comm_free;
+    }
+    if (strcmp(name, "ggml_backend_comm_allreduce_tensor") == 0) {
+        return (void *) ggml_cpu_virtual_comm_allreduce_tensor;
+    }
+    return nullptr;
+    GGML_UNUSED(reg);
+}
+
+static const ggml_backend_reg_i ggml_cpu_virtual_reg_i = {
+    /* .get_name         = */ ggml_cpu_virtual_reg_get_name,
+    /* .get_device_count = */ ggml_cpu_virtual_reg_get_device_count,
+    /* .get_device       = */ ggml_cpu_virtual_reg_get_device,
+    /* .get_proc_address = */ ggml_cpu_virtual_reg_get_proc_address,
+};
+
+static ggml_backend_reg ggml_cpu_virtual_reg_obj = {
+    /* .api_version = */ GGML_BACKEND_API_VERSION,
+    /* .iface       = */ ggml_cpu_virtual_reg_i,
+    /* .context     = */ nullptr,
+};
+
+// create the devices once; the caller holds the lock
+static void ggml_cpu_virtual_create_devices(ggml_cpu_virtual_reg_context & ctx, size_t n) {
+    if (!ctx.devices.empty() || n == 0) {
+        return;
+    }
+    n = std::min<size_t>(n, GGML_CPU_VIRTUAL_MAX_DEVICES);
+    ctx.devices.reserve(n); // devices are handed out by address
+    for (size_t i = 0; i < n; i++) {
+        auto * d        = new ggml_cpu_virtual_device_context;
+        d->index        = (int) i;
+        d->name         = "CPUV" + std::to_string(i);
+        d->description  = "CPU virtual device " + std::to_string(i);
+        ctx.dev_ctxs.emplace_back(d);
+        ctx.devices.push_back({ ggml_cpu_virtual_device_i, &ggml_cpu_virtual_reg_obj, d });
+        d->buft = { ggml_cpu_virtual_buffer_type_i, &ctx.devices.back(), d };
+    }
+}
+
+ggml_backend_reg_t ggml_backend_cpu_virtual_reg(void) {
+    auto & ctx = ggml_cpu_virtual_reg_ctx();
+    std::lock_guard<std::mutex> lock(ctx.mtx);
+    ggml_cpu_virtual_create_devices(ctx, (size_t) std::max(0, env_int("GGML_CPU_VIRTUAL_DEVICES", 0)));
+    if (ctx.devices.empty()) {
+        return nullptr;
+    }
+    ctx.registered = true; // the registry registers what this returns
+    return &ggml_cpu_virtual_reg_obj;
+}
+
+size_t ggml_backend_cpu_virtual_init(size_t n) {
+    // the registry first: creating it may create the devices from the environment
+    ggml_backend_reg_count();
+    auto & ctx = ggml_cpu_virtual_reg_ctx();
+    bool do_register;
+    {
+        std::lock_guard<std::mutex> lock(ctx.mtx);
+        ggml_cpu_virtual_create_devices(ctx, n);
+        do_register = !ctx.devices.empty() && !ctx.registered;
+        ctx.registered = ctx.registered || do_register;
+    }
+    if (do_register) {
+        ggml_backend_register(&ggml_cpu_virtual_reg_obj);
+    }
+    return ctx.devices.size();
+}

@@ -1,0 +1,227 @@
+# Included at the end of _llama.pyx: bindings for the per-architecture tests (pyllama_so.archs),
+# equivalent to upstream's tests/test-llama-archs.cpp, and for the CPU virtual devices they run on.
+
+
+
+
+cdef extern from "ggml-cpu-virtual.h" nogil:
+    size_t ggml_backend_cpu_virtual_init(size_t n)
+
+
+cdef extern from "gguf.h" nogil:
+    int64_t gguf_remove_key(gguf_context * ctx, const char * key)
+
+
+cdef extern from "llama.h" nogil:
+    void llama_set_causal_attn(llama_context * ctx, bint causal_attn)
+    int32_t llama_encode(llama_context * ctx, llama_batch batch)
+
+
+cdef extern from "pyllama-so-archs.h" nogil:
+    enum:
+        PYLLAMA_SO_ARCH_KNOWN
+        PYLLAMA_SO_ARCH_SUPPORTED
+        PYLLAMA_SO_ARCH_MOE
+        PYLLAMA_SO_ARCH_MOE_MANDATORY
+        PYLLAMA_SO_ARCH_ENCODE
+        PYLLAMA_SO_ARCH_SM_TENSOR
+        PYLLAMA_SO_ARCH_SAVER
+        PYLLAMA_SO_ARCH_EXCLUDED
+    struct pyllama_so_tensor_init:
+        size_t seed
+        float stdev
+    size_t pyllama_so_arch_count()
+    const char * pyllama_so_arch_name(size_t i)
+    uint32_t pyllama_so_arch_flags(const char * arch)
+    gguf_context * pyllama_so_arch_metadata(const char * arch, bint moe)
+    void pyllama_so_arch_set_tensor_data(ggml_tensor * tensor, void * userdata) noexcept nogil
+    bint pyllama_so_model_save(const llama_model * model, const char * path)
+
+
+def cpu_virtual_devices(int n):
+    """Make n CPU virtual devices (named CPUV0..) if none exist yet; return how many exist.
+
+    GGML_CPU_VIRTUAL_DEVICES=N creates them at start-up instead. See ggml/include/ggml-cpu-virtual.h.
+    """
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    return ggml_backend_cpu_virtual_init(n)
+
+
+def arch_names():
+    """The architectures of upstream's test-llama-archs table, in its order."""
+    return [(<bytes> pyllama_so_arch_name(i)).decode() for i in range(pyllama_so_arch_count())]
+
+
+def arch_flags(str arch):
+    """What upstream's test does with an architecture: which variants exist and which checks apply."""
+    cdef uint32_t f = pyllama_so_arch_flags(arch.encode())
+    if not f & PYLLAMA_SO_ARCH_KNOWN:
+        raise ValueError(f"unknown architecture {arch!r}")
+    return {
+        "supported": bool(f & PYLLAMA_SO_ARCH_SUPPORTED),
+        "moe": bool(f & PYLLAMA_SO_ARCH_MOE),
+        "moe_mandatory": bool(f & PYLLAMA_SO_ARCH_MOE_MANDATORY),
+        "encode": bool(f & PYLLAMA_SO_ARCH_ENCODE),
+        "sm_tensor": bool(f & PYLLAMA_SO_ARCH_SM_TENSOR),
+        "saver": bool(f & PYLLAMA_SO_ARCH_SAVER),
+        "excluded": bool(f & PYLLAMA_SO_ARCH_EXCLUDED),
+    }
+
+
+cdef llama_model_params _arch_model_params(list device_indices, str split_mode, ggml_backend_dev_t * devs) except *:
+    cdef llama_model_params p = llama_model_default_params()
+    cdef size_t n_dev = ggml_backend_dev_count()
+    if split_mode not in SPLIT_MODES:
+        raise ValueError(f"unknown split_mode {split_mode!r}")
+    for k, i in enumerate(device_indices):
+        if not 0 <= i < n_dev:
+            raise ValueError(f"no device {i} (there are {n_dev})")
+        devs[k] = ggml_backend_dev_get(i)
+    devs[len(device_indices)] = NULL
+    p.devices = devs        # an empty list: no devices, everything on the CPU
+    p.split_mode = SPLIT_MODES[split_mode]
+    p.progress_callback = _silent_progress
+    return p
+
+
+def arch_model(str arch, bint moe, list device_indices, str split_mode="layer", *, size_t seed=42,
+               float stdev=0.1, drop_keys=()):
+    """A random-weight model of the architecture's test fixture, on the given ggml devices."""
+    cdef Model self = Model.__new__(Model)
+    cdef gguf_context * g = pyllama_so_arch_metadata(arch.encode(), moe)
+    cdef pyllama_so_tensor_init init
+    cdef ggml_backend_dev_t * devs = <ggml_backend_dev_t *> calloc(len(device_indices) + 1, sizeof(ggml_backend_dev_t))
+    cdef llama_model_params p
+    if g == NULL:
+        free(devs)
+        raise ValueError(f"unknown architecture {arch!r}")
+    init.seed = seed
+    init.stdev = stdev
+    try:
+        for key in drop_keys:
+            if gguf_remove_key(g, key.encode()) < 0:
+                raise KeyError(key)
+        p = _arch_model_params(device_indices, split_mode, devs)
+        _take_last_error()
+        with nogil:
+            self.ptr = llama_model_init_from_user(g, pyllama_so_arch_set_tensor_data, &init, p)
+    finally:
+        gguf_free(g)
+        free(devs)
+    _null_check(self.ptr, ModelLoadError, f"{arch}: llama_model_init_from_user failed")
+    self.vocab = llama_model_get_vocab(self.ptr)
+    self.path = None
+    return self
+
+
+def arch_model_load(path, list device_indices, str split_mode="layer"):
+    """Load a saved fixture on the given devices (the round trip's second half)."""
+    cdef Model self = Model.__new__(Model)
+    cdef ggml_backend_dev_t * devs = <ggml_backend_dev_t *> calloc(len(device_indices) + 1, sizeof(ggml_backend_dev_t))
+    cdef llama_model_params p
+    cdef bytes bpath = str(path).encode()
+    cdef const char * cpath = bpath
+    try:
+        p = _arch_model_params(device_indices, split_mode, devs)
+        _take_last_error()
+        with nogil:
+            self.ptr = llama_model_load_from_file(cpath, p)
+    finally:
+        free(devs)
+    _null_check(self.ptr, ModelLoadError, f"failed to load {path}")
+    self.vocab = llama_model_get_vocab(self.ptr)
+    self.path = str(path)
+    return self
+
+
+def arch_model_save(Model model, path):
+    """Write the model with llama_model_saver (upstream's round trip)."""
+    model._check_open()
+    if not pyllama_so_model_save(model.ptr, str(path).encode()):
+        raise LlamaError(f"could not save the model to {path}")
+
+
+cdef int _run_batch(Context ctx, llama_batch batch, bint encode) except -1:
+    cdef int32_t rc
+    if encode:
+        with nogil:
+            rc = llama_encode(ctx.ptr, batch)
+        if rc != 0:
+            raise DecodeError(f"llama_encode returned {rc}")
+    with nogil:
+        rc = llama_decode(ctx.ptr, batch)
+    _check_decode(rc, "decode")
+    return 0
+
+
+def arch_logits(Context ctx, tokens, bint encode=False):
+    """Logits of every token of one batch at positions 0.., as float32 (n_tokens, n_vocab)."""
+    ctx._check_open()
+    cdef int32_t[::1] toks = ctx.model._tokens(tokens)
+    cdef int32_t n = toks.shape[0], i
+    cdef int32_t n_vocab = llama_vocab_n_tokens(ctx.model.vocab)
+    cdef llama_batch batch = llama_batch_init(n, 0, 1)
+    cdef float * src
+    out = np.empty((n, n_vocab), dtype=np.float32)
+    cdef float[:, ::1] out_mv = out
+    try:
+        for i in range(n):
+            batch.token[i] = toks[i]
+            batch.pos[i] = i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = 1
+        batch.n_tokens = n
+        _run_batch(ctx, batch, encode)
+        for i in range(n):
+            src = llama_get_logits_ith(ctx.ptr, i)
+            if src == NULL:
+                raise DecodeError(f"no logits for token {i}")
+            memcpy(&out_mv[i, 0], src, n_vocab * sizeof(float))
+    finally:
+        llama_batch_free(batch)
+    return out
+
+
+def arch_causal_toggle_ok(Context ctx, tokens):
+    """Upstream's check_causal_attn_toggle: with causal attention off, decode n_ubatch/2 then n_ubatch
+    more tokens after what is cached; every run must succeed with NaN-free logits for its last token."""
+    ctx._check_open()
+    cdef int32_t[::1] toks = ctx.model._tokens(tokens)
+    cdef int32_t n_ubatch = llama_n_ubatch(ctx.ptr)
+    cdef int32_t n_vocab = llama_vocab_n_tokens(ctx.model.vocab)
+    cdef llama_pos pos = llama_memory_seq_pos_max(llama_get_memory(ctx.ptr), 0) + 1
+    cdef llama_batch batch
+    cdef int32_t n_tok, i, rc
+    cdef float * logits
+    if toks.shape[0] < n_ubatch or pos + n_ubatch // 2 + n_ubatch > <llama_pos> llama_n_ctx(ctx.ptr):
+        raise ValueError("not enough tokens or context for the causal-attention toggle check")
+    llama_set_causal_attn(ctx.ptr, False)
+    try:
+        for n_tok in (n_ubatch // 2, n_ubatch):
+            batch = llama_batch_init(n_tok, 0, 1)
+            try:
+                for i in range(n_tok):
+                    batch.token[i] = toks[i]
+                    batch.pos[i] = pos
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = 0
+                    batch.logits[i] = 1
+                    pos += 1
+                batch.n_tokens = n_tok
+                with nogil:
+                    rc = llama_decode(ctx.ptr, batch)
+                if rc != 0:
+                    return False
+                logits = llama_get_logits_ith(ctx.ptr, n_tok - 1)
+                if logits == NULL:
+                    return False
+                for i in range(n_vocab):
+                    if logits[i] != logits[i]:
+                        return False
+            finally:
+                llama_batch_free(batch)
+    finally:
+        llama_set_causal_attn(ctx.ptr, True)
+    return True

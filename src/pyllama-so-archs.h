@@ -1,0 +1,47 @@
+#pragma once
+
+// Fixtures for the per-architecture tests (tests/test_archs.py, python -m pyllama_so.archs),
+// equivalent to upstream's tests/test-llama-archs.cpp.
+
+#include "llama.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum pyllama_so_arch_flag {
+    PYLLAMA_SO_ARCH_KNOWN         = 1u << 0,
+    PYLLAMA_SO_ARCH_SUPPORTED     = 1u << 1, // upstream runs it (else its rows are SKIP)
+    PYLLAMA_SO_ARCH_MOE           = 1u << 2, // has a MoE variant
+    PYLLAMA_SO_ARCH_MOE_MANDATORY = 1u << 3, // has no dense variant
+    PYLLAMA_SO_ARCH_ENCODE        = 1u << 4, // needs an encode pass before decoding
+    PYLLAMA_SO_ARCH_SM_TENSOR     = 1u << 5, // LLAMA_SPLIT_MODE_TENSOR implemented
+    PYLLAMA_SO_ARCH_SAVER         = 1u << 6, // llama_model_saver can write it
+    PYLLAMA_SO_ARCH_EXCLUDED      = 1u << 7, // left out of upstream's table
+};
+
+struct pyllama_so_tensor_init {
+    size_t seed;
+    float  stdev;
+};
+
+// architectures in upstream's table (excluded ones left out), in upstream's order
+LLAMA_API size_t       pyllama_so_arch_count(void);
+LLAMA_API const char * pyllama_so_arch_name(size_t i);
+LLAMA_API uint32_t     pyllama_so_arch_flags(const char * arch);
+
+// GGUF metadata of a tiny model of this architecture; free with gguf_free; NULL for an unknown name
+LLAMA_API struct gguf_context * pyllama_so_arch_metadata(const char * arch, bool moe);
+
+// llama_model_set_tensor_data_t over a pyllama_so_tensor_init
+LLAMA_API void pyllama_so_arch_set_tensor_data(struct ggml_tensor * tensor, void * userdata);
+
+// save through llama_model_saver; false when no file came out
+LLAMA_API bool pyllama_so_model_save(const struct llama_model * model, const char * path);
+
+#ifdef __cplusplus
+}
+#endif

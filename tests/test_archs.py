@@ -1,0 +1,116 @@
+"""test-llama-archs in pytest: every architecture x every device configuration (pyllama_so.archs).
+
+The default run covers pyllama_so.archs.DEFAULT_ARCHS; `-m slow` runs every architecture. Rows that
+upstream skips are skipped with its reason; a summary table like upstream's is printed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from pyllama_so import archs
+
+CONFIGS = archs.device_configs()
+_RUNNER = archs.Runner()
+_ROWS: list[archs.Row] = []
+
+
+def _params() -> list:
+    out = []
+    for arch, moe in archs.cases(archs.select_archs()):
+        for cfg in CONFIGS:
+            marks = []
+            if arch not in archs.DEFAULT_ARCHS:
+                marks.append(pytest.mark.slow)
+            if cfg.gpu:
+                marks.append(pytest.mark.gpu)
+            out.append(pytest.param(arch, moe, cfg, marks=marks,
+                                    id=f"{arch}-{'moe' if moe else 'dense'}-{cfg.label.replace(' ', '_')}"))
+    return out
+
+
+def _has_gpu() -> bool:
+    return any(archs._is_gpu(d) for d in archs._llama.devices())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary_table(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if _ROWS:
+        text = "\n" + archs.format_table(_ROWS) + "\n" + archs.summary(_ROWS) + "\n"
+        capman = request.config.pluginmanager.get_plugin("capturemanager")
+        with capman.global_and_fixture_disabled():  # teardown output is captured otherwise
+            print(text, flush=True)
+
+
+@pytest.mark.parametrize("arch,moe,cfg", _params())
+def test_arch(request: pytest.FixtureRequest, arch: str, moe: bool, cfg: archs.DeviceConfig) -> None:
+    if request.node.get_closest_marker("slow") and "slow" not in (request.config.option.markexpr or ""):
+        pytest.skip("slow: every architecture runs with -m slow")
+    if cfg.gpu and not _has_gpu():
+        pytest.skip("no CUDA device")
+    row = _RUNNER.run(arch, moe, cfg)
+    _ROWS.append(row)
+    if not row.executed:
+        flags = archs._llama.arch_flags(arch)
+        reason = "unsupported by upstream's test" if not flags["supported"] else \
+            "LLAMA_SPLIT_MODE_TENSOR not implemented for this architecture"
+        pytest.skip(reason)
+    assert row.ok, f"{row.nmse_status} (NMSE {row.nmse}), roundtrip {row.roundtrip_status} {row.error}"
+
+
+def test_default_subset_runs_tensor_split_on_virtual_devices() -> None:
+    """The Meta rows over 2 and 3 virtual devices exist, so tensor split is tested without a GPU."""
+    metas = [c for c in CONFIGS if c.tensor and not c.gpu]
+    assert [len(c.devices) for c in metas] == [2, 3]
+    assert archs._llama.arch_flags("llama")["sm_tensor"]
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """The virtual devices read these when a backend is created, i.e. per model context."""
+    return monkeypatch
+
+
+@pytest.mark.parametrize("n_devices", [2, 3])
+def test_meta_survives_delayed_device(env: pytest.MonkeyPatch, n_devices: int) -> None:
+    """Delaying every graph on all but device 0 changes timing only: results stay equal to the CPU's."""
+    env.setenv("GGML_CPU_VIRTUAL_DELAY_US", "1000")
+    cfg = next(c for c in CONFIGS if c.tensor and not c.gpu and len(c.devices) == n_devices)
+    row = archs.Runner().run("llama", False, cfg)
+    assert row.executed and row.ok, (row.nmse_status, row.nmse, row.error)
+
+
+@pytest.mark.parametrize("n_devices", [2, 3])
+def test_suite_catches_broken_event_wait(env: pytest.MonkeyPatch, n_devices: int) -> None:
+    """With event waits that return at once (the test-only GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT) and a
+    delayed device, AllReduce reads partial sums before they exist: the Meta row must fail."""
+    env.setenv("GGML_CPU_VIRTUAL_DELAY_US", "1000")
+    env.setenv("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT", "1")
+    cfg = next(c for c in CONFIGS if c.tensor and not c.gpu and len(c.devices) == n_devices)
+    row = archs.Runner().run("llama", False, cfg)
+    assert row.executed and not row.ok and row.nmse is not None, row
+    assert not row.nmse <= archs.NMSE_MAX, row  # NaN counts as a failure too
+
+
+def test_cli_exit_code() -> None:
+    assert archs.main(["-a", "^llama$", "-b", "CPUV1"]) == 0
+
+
+def test_cli_fails_on_broken_event_wait(env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    env.setenv("GGML_CPU_VIRTUAL_DELAY_US", "1000")
+    env.setenv("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT", "1")
+    assert archs.main(["-a", "^qwen3$"]) == 1
+    out = capsys.readouterr().out
+    assert "Meta(CPUV0,CPUV1)" in out and "FAIL" in out and "failed" in out
+
+
+def test_arch_list_matches_upstream_exclusions() -> None:
+    names = archs._llama.arch_names()
+    assert "llama" in names and "mamba" in names
+    for excluded in ("gemma4", "eagle3"):
+        assert excluded not in names
+    assert os.environ.get("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT") in (None, "", "0")
