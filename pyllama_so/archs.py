@@ -37,7 +37,7 @@ _DROP_KEYS = {"bailingmoe3": ("bailingmoe3.kda.safe_gate",)}
 @dataclass(frozen=True)
 class DeviceConfig:
     label: str
-    devices: tuple[int, ...]
+    devices: tuple[str, ...]  # device names, resolved when the row runs (virtual ones are made lazily)
     split_mode: str  # "layer" or "tensor"
     gpu: bool = False
 
@@ -69,23 +69,36 @@ def ensure_virtual_devices(n: int = VIRTUAL_DEVICES) -> int:
 
 
 def device_configs(backend: str | None = None) -> list[DeviceConfig]:
-    """Each device alone (layer split), then Meta over 2 and 3 virtual devices and over the GPUs."""
-    ensure_virtual_devices()
-    devs = _llama.devices()
-    if backend is not None and backend not in {d["name"] for d in devs}:
-        raise ValueError(f"unknown backend device {backend!r}; have {[d['name'] for d in devs]}")
-    out = [DeviceConfig(d["description"], (d["index"],), "layer", gpu=_is_gpu(d))
-           for d in devs if backend is None or d["name"] == backend]
+    """Each device alone (layer split), then Meta over 2 and 3 virtual devices and over the GPUs.
+
+    The plan needs no virtual device to exist yet: they cannot be removed from a process once made,
+    so they are created only when the first row that uses one runs.
+    """
+    devs = [d for d in _llama.devices() if d["backend"] != "CPUV"]
+    virtual = [f"CPUV{i}" for i in range(VIRTUAL_DEVICES)]
+    names = [d["name"] for d in devs] + virtual
+    if backend is not None and backend not in names:
+        raise ValueError(f"unknown backend device {backend!r}; have {names}")
+    out = [DeviceConfig(d["description"], (d["name"],), "layer", gpu=_is_gpu(d))
+           for d in devs if backend in (None, d["name"])]
+    out += [DeviceConfig(v, (v,), "layer") for v in virtual if backend in (None, v)]
     if backend is None:
-        virtual = [d["index"] for d in devs if d["backend"] == "CPUV"]
-        for n in (2, 3):
-            if len(virtual) >= n:
-                names = ",".join(devs[i]["name"] for i in virtual[:n])
-                out.append(DeviceConfig(f"Meta({names})", tuple(virtual[:n]), "tensor"))
-        gpus = [d["index"] for d in devs if _is_gpu(d)]
+        out += [DeviceConfig(f"Meta({','.join(virtual[:n])})", tuple(virtual[:n]), "tensor") for n in (2, 3)]
+        gpus = tuple(d["name"] for d in devs if _is_gpu(d))
         if gpus:
-            out.append(DeviceConfig("Meta(GPUs)", tuple(gpus), "tensor", gpu=True))
+            out.append(DeviceConfig("Meta(GPUs)", gpus, "tensor", gpu=True))
     return out
+
+
+def resolve(names: Sequence[str]) -> list[int]:
+    """Device indices of device names, making the virtual devices first if a name needs them."""
+    if any(n.startswith("CPUV") for n in names):
+        ensure_virtual_devices()
+    index = {d["name"]: d["index"] for d in _llama.devices()}
+    missing = [n for n in names if n not in index]
+    if missing:
+        raise ValueError(f"no such device: {missing}")
+    return [index[n] for n in names]
 
 
 def _is_gpu(dev: dict) -> bool:
@@ -130,8 +143,8 @@ class Runner:
         self.tokens = tokens(seed)
         self._cpu: dict[tuple[str, bool], np.ndarray] = {}
 
-    def _model(self, arch: str, moe: bool, devices: Sequence[int], split_mode: str) -> _llama.Model:
-        return _llama.arch_model(arch, moe, list(devices), split_mode, seed=self.seed, stdev=self.stdev,
+    def _model(self, arch: str, moe: bool, devices: Sequence[str], split_mode: str) -> _llama.Model:
+        return _llama.arch_model(arch, moe, resolve(devices), split_mode, seed=self.seed, stdev=self.stdev,
                                  drop_keys=_DROP_KEYS.get(arch, ()))
 
     def _context(self, model: _llama.Model, encode: bool) -> _llama.Context:
@@ -200,7 +213,7 @@ class Runner:
         with tempfile.TemporaryDirectory(prefix="pyllama_so-archs-") as tmp:
             path = os.path.join(tmp, "model.gguf")
             _llama.arch_model_save(model, path)
-            loaded = _llama.arch_model_load(path, list(cfg.devices), cfg.split_mode)
+            loaded = _llama.arch_model_load(path, resolve(cfg.devices), cfg.split_mode)
             try:
                 again = self._logits(loaded, encode)
             finally:

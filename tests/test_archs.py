@@ -48,8 +48,6 @@ def summary_table(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.mark.parametrize("arch,moe,cfg", _params())
 def test_arch(request: pytest.FixtureRequest, arch: str, moe: bool, cfg: archs.DeviceConfig) -> None:
-    if request.node.get_closest_marker("slow") and "slow" not in (request.config.option.markexpr or ""):
-        pytest.skip("slow: every architecture runs with -m slow")
     if cfg.gpu and not _has_gpu():
         pytest.skip("no CUDA device")
     row = _RUNNER.run(arch, moe, cfg)

@@ -19,10 +19,20 @@ from pyllama_so.bench.runner import BenchParams, run_benchmarks
 
 
 def default_threads() -> int:
+    """Physical cores we may run on, as llama-bench (hyperthread siblings count once)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = os.sched_getaffinity(0)
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        topo = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        try:
+            with open(f"{topo}/physical_package_id") as pkg, open(f"{topo}/core_id") as core:
+                cores.add((pkg.read().strip(), core.read().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))
 
 
 def parser() -> argparse.ArgumentParser:

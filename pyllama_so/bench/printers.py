@@ -46,6 +46,7 @@ def fields(r: TestResult) -> dict[str, Any]:
         "stddev_ts": r.stddev_ts,
         "samples_ns": r.samples_ns,
         "samples_ts": r.samples_ts,
+        "allreduce_calls": r.allreduce_calls,
     }
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from pyllama_so import _llama
+from pyllama_so import _llama, allreduce
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,7 @@ class TestResult:
     model_n_params: int
     samples_ns: list[int]
     test_time: str
+    allreduce_calls: dict[str, int] = field(default_factory=dict)  # per AllReduce path, CUDA builds
 
     @property
     def samples_ts(self) -> list[float]:
@@ -204,11 +205,14 @@ def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestR
                                          flash_attn=cp.flash_attn, type_k=cp.type_k, type_v=cp.type_v)
                     try:
                         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                        allreduce.reset_allreduce_stats()
                         samples = _run_test(ctx, cp, test, params.repetitions, params.warmup, note)
+                        stats = allreduce.allreduce_stats()
                     finally:
                         ctx.free()
                     if progress and tty:
                         print("\r\033[K", end="", file=sys.stderr, flush=True)
-                    yield TestResult(mp, cp, test, model.desc, model.size, model.n_params, samples, stamp)
+                    calls = {k: v.calls for k, v in stats.paths.items() if v.calls} if stats.available else {}
+                    yield TestResult(mp, cp, test, model.desc, model.size, model.n_params, samples, stamp, calls)
         finally:
             model.free()
