@@ -132,26 +132,41 @@ def tensors(shape: Shape, weight_type: str) -> list[TensorSpec]:
 
 
 class _RandomPool:
-    """Pools of random encoded values per type; each tensor is cut from random offsets in them."""
+    """Pools of random encoded values per (type, scale); each tensor is cut from random offsets.
+
+    Weights are N(0, (gain / sqrt(fan_in))^2), so activations keep their scale through the layers:
+    a deep random model then stays numerically tame, and GPU/CPU results can be compared closely.
+    1-D tensors (norm weights) are 1 + N(0, 0.1^2).
+    """
 
     POOL_ELEMENTS = 1 << 23  # 8 Mi values: 16 MiB at 16 bits
+    GAIN = 0.5
 
-    def __init__(self, seed: int, stdev: float) -> None:
+    def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
-        f32 = (self.rng.standard_normal(self.POOL_ELEMENTS, dtype=np.float32) * stdev).astype(np.float32)
-        norm = (1.0 + 0.1 * self.rng.standard_normal(self.POOL_ELEMENTS, dtype=np.float32)).astype(np.float32)
-        blocks = np.empty(self.POOL_ELEMENTS // 32, dtype=[("d", "<f2"), ("qs", "i1", 32)])
-        blocks["d"] = stdev * 3.0 / 127.0
-        blocks["qs"] = self.rng.integers(-127, 128, size=(blocks.size, 32), dtype=np.int8)
-        self.pools: dict[str, bytes] = {
-            "f32": norm.tobytes(),
-            "f16": f32.astype("<f2").tobytes(),
-            "bf16": (f32.view("<u4") >> 16).astype("<u2").tobytes(),
-            "q8_0": blocks.tobytes(),
-        }
+        self.unit = self.rng.standard_normal(self.POOL_ELEMENTS, dtype=np.float32)
+        self.pools: dict[tuple[str, float], bytes] = {}
+
+    def _pool(self, ggml_type: str, stdev: float) -> bytes:
+        key = (ggml_type, stdev)
+        if key not in self.pools:
+            if ggml_type == "f32":
+                data = (1.0 + 0.1 * self.unit).astype("<f4").tobytes()
+            elif ggml_type == "f16":
+                data = (self.unit * stdev).astype("<f2").tobytes()
+            elif ggml_type == "bf16":
+                data = ((self.unit * stdev).astype(np.float32).view("<u4") >> 16).astype("<u2").tobytes()
+            else:  # q8_0: blocks of an f16 scale and 32 int8 quants
+                blocks = np.empty(self.POOL_ELEMENTS // 32, dtype=[("d", "<f2"), ("qs", "i1", 32)])
+                blocks["d"] = stdev * 3.0 / 127.0
+                blocks["qs"] = np.clip(np.rint(self.unit.reshape(-1, 32) * 127.0 / 3.0), -127, 127)
+                data = blocks.tobytes()
+            self.pools[key] = data
+        return self.pools[key]
 
     def write(self, spec: TensorSpec, f: BinaryIO) -> None:
-        pool = memoryview(self.pools[spec.ggml_type])
+        stdev = self.GAIN / float(np.sqrt(spec.shape[0])) if len(spec.shape) > 1 else 1.0
+        pool = memoryview(self._pool(spec.ggml_type, stdev))
         unit = GGML_TYPES[spec.ggml_type][2]  # write whole values/blocks
         left = spec.nbytes
         while left:
@@ -168,7 +183,7 @@ def default_cache_dir() -> Path:
 
 
 def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "f16", *, seed: int = 0,
-                stdev: float = 0.02, quiet: bool = False) -> Path:
+                quiet: bool = False) -> Path:
     """Write a synthetic model; return its path."""
     if shape_name not in SHAPES:
         raise ValueError(f"unknown shape {shape_name!r}; expected one of {list(SHAPES)}")
@@ -178,7 +193,7 @@ def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     specs = tensors(shape, weight_type)
-    pool = _RandomPool(seed, stdev)
+    pool = _RandomPool(seed)
     t0 = time.monotonic()
     last = [0.0]
 
