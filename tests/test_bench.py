@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import statistics
 from pathlib import Path
@@ -56,8 +58,9 @@ def test_markdown_like_llama_bench(tiny_model: Path, capsys: pytest.CaptureFixtu
 def test_csv_and_depth(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-d", "16", "-r", "1", "-o", "csv")
     assert rc == 0
-    head, row = out.strip().splitlines()
-    values = dict(zip(head.split(","), row.split(",")))
+    rows = list(csv.DictReader(io.StringIO(out)))  # quoted fields may hold commas (gpu_info)
+    assert len(rows) == 1
+    values = rows[0]
     assert values["n_depth"] == "16" and float(values["avg_ts"]) > 0
 
 

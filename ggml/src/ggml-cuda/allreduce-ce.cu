@@ -522,6 +522,17 @@ static bool ggml_cuda_ce_eligible(const ggml_cuda_ce_router * r, ggml_tensor ** 
     return true;
 }
 
+// The internal pipeline asserts (instead of declining) on sizes that are not a multiple of 16 bytes,
+// so such reductions must not be routed there.
+static bool ggml_cuda_ce_internal_takes(const ggml_cuda_ce_router * r, ggml_tensor ** tensors) {
+    for (size_t i = 0; i < r->n_backends; ++i) {
+        if (tensors[i] != nullptr && (ggml_nbytes(tensors[i]) & 0xF) != 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static bool ggml_cuda_ce_try(ggml_cuda_ce_router * r, const int path, ggml_tensor ** tensors) {
     switch (path) {
         case PYLLAMA_SO_AR_PATH_CE:
@@ -530,7 +541,8 @@ static bool ggml_cuda_ce_try(ggml_cuda_ce_router * r, const int path, ggml_tenso
             return r->paths.nccl != nullptr && r->paths.nccl(r->paths.comm_ctx, tensors);
         case PYLLAMA_SO_AR_PATH_INTERNAL:
             return r->paths.ar_pipeline != nullptr && *r->paths.ar_pipeline != nullptr &&
-                   r->paths.internal != nullptr && r->paths.internal(r->paths.comm_ctx, tensors);
+                   r->paths.internal != nullptr && ggml_cuda_ce_internal_takes(r, tensors) &&
+                   r->paths.internal(r->paths.comm_ctx, tensors);
         default:
             return false;
     }
