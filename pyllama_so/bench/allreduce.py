@@ -199,26 +199,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not _llama.allreduce_available() or len(cuda_devices()) < 2:
         msg = "skipped: needs a CUDA build and two CUDA devices"
         print(msg)
-        if args.json:
-            text = json.dumps({"benchmark": "allreduce", "skipped": msg}, indent=2)
-            if args.json == "-":
-                print(text)
-            else:
-                with open(args.json, "w") as f:
-                    f.write(text + "\n")
+        write_json(args.json, {"benchmark": "allreduce", "skipped": msg})
         return 0
 
     report = run(args)
     print_table(report)
-    if args.json:
-        text = json.dumps(report, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+    write_json(args.json, report)
     return 0
 
+
+def write_json(dest: str | None, data: dict[str, object]) -> None:
+    """--json: to a file, '-' for stdout, None for nowhere."""
+    if dest is None:
+        return
+    text = json.dumps(data, indent=2)
+    if dest == "-":
+        print(text)
+    else:
+        with open(dest, "w") as f:
+            f.write(text + "\n")
 
 if __name__ == "__main__":
     sys.exit(main())
