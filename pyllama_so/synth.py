@@ -38,8 +38,9 @@ class Shape:
 
 
 SHAPES: dict[str, Shape] = {
-    # tests: loads and runs in milliseconds on a CPU
-    "tiny": Shape(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, n_vocab=512, n_ctx_train=4096),
+    # tests: loads and runs in milliseconds on a CPU; head size 64 so that GPU flash attention
+    # (required by tensor split) supports it, and two KV heads so that two GPUs get one each
+    "tiny": Shape(n_embd=128, n_layer=2, n_ff=256, n_head=2, n_head_kv=2, head_dim=64, n_vocab=512, n_ctx_train=4096),
     # bench default without -m: small enough for a CPU, big enough to measure
     "small": Shape(n_embd=512, n_layer=8, n_ff=1536, n_head=8, n_head_kv=4, head_dim=64, n_vocab=8192),
     # little compute per layer: isolates the fixed cost per ubatch (shared/BASELINE.md)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,19 @@ def test_arch_list_matches_upstream_exclusions() -> None:
     for excluded in ("gemma4", "eagle3"):
         assert excluded not in names
     assert os.environ.get("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT") in (None, "", "0")
+
+
+def test_llama_tensor_split_on_virtual_devices(tiny_model: Path) -> None:
+    """The user-facing path: Llama(split_mode="tensor") over the virtual devices equals the CPU."""
+    import numpy as np
+
+    from pyllama_so import Llama
+
+    def logits(**kw: object) -> np.ndarray:
+        with Llama(tiny_model, n_ctx=128, flash_attn=True, **kw) as llm:  # type: ignore[arg-type]
+            return llm.eval(llm.tokenize("tensor split without a GPU"))
+
+    ref = logits(n_gpu_layers=0, split_mode="none")
+    archs.ensure_virtual_devices()
+    got = logits(split_mode="tensor", tensor_split=[1.0, 1.0, 0.0])
+    assert archs.nmse(ref, got) < archs.NMSE_MAX
