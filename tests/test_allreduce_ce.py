@@ -7,6 +7,8 @@ F32 -> BF16 (nearest even), added in F32 as part0 + part1.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -291,3 +293,28 @@ def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int) 
         assert_bitwise(r0[sl], want[sl], f"reduction {k}")
     st = allreduce.allreduce_stats()
     assert st.paths["ce"].calls == n_iter and st.ce_buffer_allocs == 1
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_greedy_tokens_equal_on_every_path(knobs: pytest.MonkeyPatch, tiny_model: Path) -> None:
+    """End to end: greedy generation under -sm tensor gives the same tokens with every reduction on
+    the copy engines, with NCCL only, and with the defaults (the counters prove which path ran)."""
+    from pyllama_so import Llama
+
+    runs = {}
+    for name, env in {"ce": {"GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"},
+                      "nccl": {"GGML_CUDA_AR_CE": "0"}, "default": {}}.items():
+        for k in KNOBS:
+            knobs.delenv(k, raising=False)
+        for k, v in env.items():
+            knobs.setenv(k, v)
+        allreduce.reset_allreduce_stats()
+        with Llama(tiny_model, split_mode="tensor", n_ctx=256, flash_attn=True) as llm:
+            runs[name] = list(llm.generate(llm.tokenize("abc"), max_tokens=24, temperature=0.0, stop_on_eog=False))
+        st = allreduce.allreduce_stats()
+        if name == "ce":
+            assert st.paths["ce"].calls > 0 and st.paths["nccl"].calls == 0
+        elif name == "nccl":
+            assert st.paths["ce"].calls == 0 and st.paths["nccl"].calls > 0
+    assert runs["ce"] == runs["nccl"] == runs["default"]
