@@ -6,12 +6,9 @@ from pathlib import Path
 
 import pytest
 
-import pyllama_so
+from cuda_devices import cuda_device_count
+
 from pyllama_so import synth
-
-
-def cuda_device_count() -> int:
-    return sum(1 for d in pyllama_so.devices() if d["backend"] == "CUDA")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_devices import cuda_device_count
 
 import pyllama_so
 from pyllama_so import _llama, allreduce
@@ -22,12 +23,8 @@ MIN_BYTES_DEFAULT = 512 * 1024
 KNOBS = ("GGML_CUDA_ALLREDUCE", "GGML_CUDA_AR_CE", "GGML_CUDA_AR_CE_MIN_BYTES", "GGML_CUDA_AR_CE_FAIL_ALLOC")
 
 
-def _cuda_device_count() -> int:
-    return sum(1 for d in pyllama_so.devices() if d["backend"] == "CUDA")
-
-
 needs_two_gpus = pytest.mark.skipif(
-    not _llama.allreduce_available() or _cuda_device_count() < 2, reason="needs a CUDA build and 2 CUDA devices")
+    not _llama.allreduce_available() or cuda_device_count() < 2, reason="needs a CUDA build and 2 CUDA devices")
 
 
 @pytest.fixture

@@ -7,15 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cuda_devices import cuda_device_count
+
 import pyllama_so
 from pyllama_so import Llama
 
 pytestmark = pytest.mark.gpu
 PROMPT = "Tensor parallel inference on two GPUs."
 
-
-def gpus() -> int:
-    return sum(1 for d in pyllama_so.devices() if d["backend"] == "CUDA")
 
 
 def logits(model: Path, **kw: object) -> np.ndarray:
@@ -30,7 +29,7 @@ def nmse(a: np.ndarray, ref: np.ndarray) -> float:
 def test_cuda_is_compiled_in() -> None:
     info = pyllama_so.build_info()
     assert "CUDA" in info["compiled_backends"]
-    assert gpus() >= 1
+    assert cuda_device_count() >= 1
 
 
 @pytest.mark.parametrize("split_mode", ["none", "layer"])
@@ -42,7 +41,7 @@ def test_gpu_matches_cpu_device(tiny_model: Path, split_mode: str) -> None:
 
 
 def test_tensor_split_matches_cpu_device(tiny_model: Path) -> None:
-    if gpus() < 2:
+    if cuda_device_count() < 2:
         pytest.skip("needs two CUDA devices (or GGML_CUDA_DEVICES=2)")
     ref = logits(tiny_model, n_gpu_layers=0, split_mode="none")
     got = logits(tiny_model, n_gpu_layers=-1, split_mode="tensor")
@@ -50,7 +49,7 @@ def test_tensor_split_matches_cpu_device(tiny_model: Path) -> None:
 
 
 def test_tensor_split_greedy_tokens_match_layer_split(tiny_model: Path) -> None:
-    if gpus() < 2:
+    if cuda_device_count() < 2:
         pytest.skip("needs two CUDA devices")
     outs = []
     for sm in ("layer", "tensor"):
