@@ -7,6 +7,7 @@ the prompt run and/or the generation run. t/s is the mean of the per-repetition 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import platform
 import statistics
@@ -135,12 +136,15 @@ class TestResult:
         return int(statistics.stdev(self.samples_ns)) if len(self.samples_ns) > 1 else 0
 
 
+# Machine facts, fixed for a process: cached, since the printers ask on every row.
+@functools.cache
 def backend_name() -> str:
     """As llama-bench: the non-CPU backends with devices, else CPU."""
     names = [b for b in _llama.backends() if b != "CPU"]
     return ",".join(names) if names else "CPU"
 
 
+@functools.cache
 def cpu_info() -> str:
     for d in _llama.devices():
         if d["type"] == "cpu":
@@ -148,6 +152,7 @@ def cpu_info() -> str:
     return platform.processor()
 
 
+@functools.cache
 def gpu_info() -> str:
     return ", ".join(d["description"] for d in _llama.devices() if d["type"] in ("gpu", "igpu"))
 
