@@ -2,13 +2,6 @@
 # Included at the end of _llama.pyx. Nothing here links against ggml-cuda: the C functions are looked
 # up by name through the CUDA backend registry, so a CPU-only build finds none and reports zeros.
 
-from libc.stdint cimport int32_t as _ar_int32_t, int64_t as _ar_int64_t, uint32_t as _ar_uint32_t, uint64_t as _ar_uint64_t
-
-cdef extern from "ggml-backend.h" nogil:
-    # aliased: _llama.pxd may grow its own declarations of these
-    ggml_backend_reg_t _ar_reg_by_name "ggml_backend_reg_by_name"(const char * name)
-    void * _ar_reg_get_proc_address "ggml_backend_reg_get_proc_address"(ggml_backend_reg_t reg, const char * name)
-
 cdef extern from "pyllama-so-allreduce.h" nogil:
     enum:
         PYLLAMA_SO_AR_PATH_CE
@@ -20,30 +13,30 @@ cdef extern from "pyllama-so-allreduce.h" nogil:
         PYLLAMA_SO_AR_BENCH_CEILING
 
     struct pyllama_so_allreduce_stats:
-        _ar_uint64_t size
-        _ar_uint64_t calls[4]
-        _ar_uint64_t bytes[4]
-        _ar_uint64_t ce_rounds
-        _ar_uint64_t ce_buffer_allocs
-        _ar_uint64_t ce_alloc_failures
+        uint64_t size
+        uint64_t calls[4]
+        uint64_t bytes[4]
+        uint64_t ce_rounds
+        uint64_t ce_buffer_allocs
+        uint64_t ce_alloc_failures
 
     struct pyllama_so_allreduce_run_params:
-        _ar_uint64_t size
-        _ar_int32_t devices[2]
-        _ar_int64_t n
-        _ar_int32_t n_iter
-        _ar_uint32_t inactive
+        uint64_t size
+        int32_t devices[2]
+        int64_t n
+        int32_t n_iter
+        uint32_t inactive
         const float * input[2]
         float * output[2]
 
     struct pyllama_so_allreduce_bench_params:
-        _ar_uint64_t size
-        _ar_int32_t devices[2]
-        _ar_int32_t mode
-        _ar_int32_t n_sizes
-        const _ar_int64_t * n_bytes
-        _ar_int32_t n_warmup
-        _ar_int32_t n_iter
+        uint64_t size
+        int32_t devices[2]
+        int32_t mode
+        int32_t n_sizes
+        const int64_t * n_bytes
+        int32_t n_warmup
+        int32_t n_iter
         double * us_per_iter
 
     ctypedef int (*pyllama_so_allreduce_stats_t)(pyllama_so_allreduce_stats * out)
@@ -70,10 +63,10 @@ _AR_ERRORS = {
 
 
 cdef void * _ar_proc(const char * name) noexcept nogil:
-    cdef ggml_backend_reg_t reg = _ar_reg_by_name("CUDA")
+    cdef ggml_backend_reg_t reg = ggml_backend_reg_by_name("CUDA")
     if reg == NULL:
         return NULL
-    return _ar_reg_get_proc_address(reg, name)
+    return ggml_backend_reg_get_proc_address(reg, name)
 
 
 cdef _ar_check(int rc, str what):
@@ -172,7 +165,7 @@ def allreduce_bench(sizes, str mode="comm", int n_warmup=5, int n_iter=50, devic
     if nb.ndim != 1 or nb.size == 0:
         raise ValueError("sizes must be a non-empty list of byte counts")
     us = np.zeros(nb.size, dtype=np.float64)
-    cdef _ar_int64_t[::1] vnb = nb
+    cdef int64_t[::1] vnb = nb
     cdef double[::1] vus = us
     cdef pyllama_so_allreduce_bench_params p
     memset(&p, 0, sizeof(p))

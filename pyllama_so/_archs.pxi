@@ -1,20 +1,8 @@
 # Included at the end of _llama.pyx: bindings for the per-architecture tests (pyllama_so.archs),
 # equivalent to upstream's tests/test-llama-archs.cpp, and for the CPU virtual devices they run on.
 
-
-
-
 cdef extern from "ggml-cpu-virtual.h" nogil:
     size_t ggml_backend_cpu_virtual_init(size_t n)
-
-
-cdef extern from "gguf.h" nogil:
-    int64_t gguf_remove_key(gguf_context * ctx, const char * key)
-
-
-cdef extern from "llama.h" nogil:
-    void llama_set_causal_attn(llama_context * ctx, bint causal_attn)
-    int32_t llama_encode(llama_context * ctx, llama_batch batch)
 
 
 cdef extern from "pyllama-so-archs.h" nogil:

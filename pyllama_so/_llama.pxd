@@ -71,6 +71,8 @@ cdef extern from "ggml-backend.h" nogil:
     ggml_backend_reg_t ggml_backend_reg_get(size_t index)
     const char * ggml_backend_reg_name(ggml_backend_reg_t reg)
     size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg)
+    ggml_backend_reg_t ggml_backend_reg_by_name(const char * name)
+    void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name)
     void ggml_backend_tensor_set(ggml_tensor * tensor, const void * data, size_t offset, size_t size)
 
 
@@ -92,6 +94,7 @@ cdef extern from "gguf.h" nogil:
     void gguf_set_arr_data(gguf_context * ctx, const char * key, gguf_type type, const void * data, size_t n)
     void gguf_set_arr_str(gguf_context * ctx, const char * key, const char ** data, size_t n)
     void gguf_add_tensor(gguf_context * ctx, const ggml_tensor * tensor)
+    int64_t gguf_remove_key(gguf_context * ctx, const char * key)
 
 
 cdef extern from "llama.h" nogil:
@@ -201,6 +204,8 @@ cdef extern from "llama.h" nogil:
     llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max)
     void llama_batch_free(llama_batch batch)
     int32_t llama_decode(llama_context * ctx, llama_batch batch)
+    int32_t llama_encode(llama_context * ctx, llama_batch batch)
+    void llama_set_causal_attn(llama_context * ctx, bint causal_attn)
     void llama_set_n_threads(llama_context * ctx, int32_t n_threads, int32_t n_threads_batch)
     void llama_synchronize(llama_context * ctx)
     float * llama_get_logits_ith(llama_context * ctx, int32_t i)
