@@ -15,14 +15,10 @@ cdef extern from "pyllama-so-archs.h" nogil:
         PYLLAMA_SO_ARCH_SM_TENSOR
         PYLLAMA_SO_ARCH_SAVER
         PYLLAMA_SO_ARCH_EXCLUDED
-    struct pyllama_so_tensor_init:
-        size_t seed
-        float stdev
     size_t pyllama_so_arch_count()
     const char * pyllama_so_arch_name(size_t i)
     uint32_t pyllama_so_arch_flags(const char * arch)
     gguf_context * pyllama_so_arch_metadata(const char * arch, bint moe)
-    void pyllama_so_arch_set_tensor_data(ggml_tensor * tensor, void * userdata) noexcept nogil
     bint pyllama_so_model_save(const llama_model * model, const char * path)
 
 
@@ -73,34 +69,24 @@ cdef llama_model_params _arch_model_params(list device_indices, str split_mode, 
     return p
 
 
-def arch_model(str arch, bint moe, list device_indices, str split_mode="layer", *, size_t seed=42,
+def arch_model(str arch, bint moe, list device_indices, str split_mode="layer", *, uint64_t seed=42,
                float stdev=0.1, drop_keys=()):
     """A random-weight model of the architecture's test fixture, on the given ggml devices."""
-    cdef Model self = Model.__new__(Model)
     cdef gguf_context * g = pyllama_so_arch_metadata(arch.encode(), moe)
-    cdef pyllama_so_tensor_init init
     cdef ggml_backend_dev_t * devs = <ggml_backend_dev_t *> calloc(len(device_indices) + 1, sizeof(ggml_backend_dev_t))
     cdef llama_model_params p
     if g == NULL:
         free(devs)
         raise ValueError(f"unknown architecture {arch!r}")
-    init.seed = seed
-    init.stdev = stdev
     try:
         for key in drop_keys:
             if gguf_remove_key(g, key.encode()) < 0:
                 raise KeyError(key)
         p = _arch_model_params(device_indices, split_mode, devs)
-        _take_last_error()
-        with nogil:
-            self.ptr = llama_model_init_from_user(g, pyllama_so_arch_set_tensor_data, &init, p)
+        return Model._random(g, p, seed, stdev, f"{arch}: llama_model_init_from_user failed")
     finally:
         gguf_free(g)
         free(devs)
-    _null_check(self.ptr, ModelLoadError, f"{arch}: llama_model_init_from_user failed")
-    self.vocab = llama_model_get_vocab(self.ptr)
-    self.path = None
-    return self
 
 
 def arch_model_load(path, list device_indices, str split_mode="layer"):

@@ -7,7 +7,7 @@ the C API are turned into Python exceptions in one place: _check_decode() and _n
 
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free, calloc
-from libc.string cimport memcpy, memset, strncpy, strlen
+from libc.string cimport memcpy, memset, strncpy, strlen, strstr
 from libc.math cimport sqrt, log, cos, fabs
 from libc.stdio cimport fputs, fflush, stderr
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -204,8 +204,12 @@ cdef inline double _uniform01(uint64_t * state) noexcept nogil:
 
 
 cdef void _fill_random(ggml_tensor * tensor, void * userdata) noexcept nogil:
-    """Normal(0, stdev) weights, a pure function of (seed, tensor name): reproducible on any device."""
+    """Normal(0, stdev) weights, a pure function of (seed, tensor name): reproducible on any device.
+
+    Mamba's A (ssm_a) is made negative: it is a state decay.
+    """
     cdef _RandomInit * p = <_RandomInit *> userdata
+    cdef bint negative = strstr(tensor.name, "ssm_a") != NULL
     cdef uint64_t state = p.seed
     cdef size_t k = 0
     while tensor.name[k] != 0:                      # FNV-1a of the name, mixed into the seed
@@ -222,6 +226,8 @@ cdef void _fill_random(ggml_tensor * tensor, void * userdata) noexcept nogil:
         u1 = _uniform01(&state)
         u2 = _uniform01(&state)
         f32[i] = <float> (p.stdev * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2))
+        if negative:
+            f32[i] = -fabs(f32[i])
     if tensor.type == GGML_TYPE_F32:
         ggml_backend_tensor_set(tensor, f32, 0, ggml_nbytes(tensor))
     elif tensor.type == GGML_TYPE_F16 or tensor.type == GGML_TYPE_BF16:
@@ -355,29 +361,34 @@ cdef class Model:
         Tensors are F32 unless tensor_types maps their names to "f16"/"bf16". Weights are normal with
         the given stdev, a pure function of (seed, tensor name).
         """
-        cdef Model self = Model.__new__(Model)
         cdef float * split_buf = <float *> calloc(llama_max_devices(), sizeof(float))
         cdef gguf_context * g = NULL
-        cdef _RandomInit init
         cdef llama_model_params p
-        init.seed = seed
-        init.stdev = stdev
-        init.failed = 0
         try:
             p = Model._params(n_gpu_layers, split_mode, main_gpu, split_buf, tensor_split, True)
             g = _gguf_from_dict(kv, tensor_types or {})
-            _take_last_error()
-            with nogil:
-                self.ptr = llama_model_init_from_user(g, _fill_random, &init, p)
+            return Model._random(g, p, seed, stdev, "llama_model_init_from_user failed")
         finally:
             free(split_buf)
             if g != NULL:
                 gguf_free(g)
-        _null_check(self.ptr, ModelLoadError, "llama_model_init_from_user failed")
+
+    @staticmethod
+    cdef Model _random(gguf_context * g, llama_model_params p, uint64_t seed, float stdev, str what):
+        """The model that metadata g describes, with _fill_random weights."""
+        cdef Model self = Model.__new__(Model)
+        cdef _RandomInit init
+        init.seed = seed
+        init.stdev = stdev
+        init.failed = 0
+        _take_last_error()
+        with nogil:
+            self.ptr = llama_model_init_from_user(g, _fill_random, &init, p)
+        _null_check(self.ptr, ModelLoadError, what)
         if init.failed:
             llama_model_free(self.ptr)
             self.ptr = NULL
-            raise ModelLoadError("could not initialise the tensors (out of memory or unsupported type)")
+            raise ModelLoadError(f"{what}: could not initialise the tensors (out of memory or unsupported type)")
         self.vocab = llama_model_get_vocab(self.ptr)
         self.path = None
         return self

@@ -1,6 +1,7 @@
 // Per-architecture test fixtures for the pytest equivalent of upstream's tests/test-llama-archs.cpp:
 // the list of architectures, which of them are tested how (the same skips as upstream), GGUF
-// metadata of a tiny model for each, its random weights, and a save through llama_model_saver.
+// metadata of a tiny model for each, and a save through llama_model_saver. The random weights come
+// from the bindings (_fill_random in pyllama_so/_llama.pyx), as for every random-weight model.
 
 #include "pyllama-so-archs.h"
 
@@ -12,12 +13,10 @@
 #include "llama-model-saver.h"
 
 #include <cinttypes>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -419,30 +418,6 @@ gguf_context * pyllama_so_arch_metadata(const char * name, bool moe) {
         }
     }
     return ctx;
-}
-
-// Normal(0, stdev) weights, a function of (seed, tensor name); Mamba's A must be negative (decay).
-void pyllama_so_arch_set_tensor_data(ggml_tensor * tensor, void * userdata) {
-    const pyllama_so_tensor_init * p = (const pyllama_so_tensor_init *) userdata;
-    std::mt19937 gen(p->seed ^ std::hash<std::string>{}(tensor->name));
-    std::normal_distribution<float> dist(0.0f, p->stdev);
-    const bool negative = strstr(tensor->name, "ssm_a") != nullptr;
-    const int64_t n = ggml_nelements(tensor);
-
-    std::vector<float> f32(n);
-    for (int64_t i = 0; i < n; i++) {
-        const float v = dist(gen);
-        f32[i] = negative ? -fabsf(v) : v;
-    }
-    if (tensor->type == GGML_TYPE_F32) {
-        ggml_backend_tensor_set(tensor, f32.data(), 0, ggml_nbytes(tensor));
-    } else if (tensor->type == GGML_TYPE_F16) {
-        std::vector<ggml_fp16_t> f16(n);
-        ggml_fp32_to_fp16_row(f32.data(), f16.data(), n);
-        ggml_backend_tensor_set(tensor, f16.data(), 0, ggml_nbytes(tensor));
-    } else {
-        GGML_ABORT("%s: unsupported tensor type %s", __func__, ggml_type_name(tensor->type));
-    }
 }
 
 bool pyllama_so_model_save(const llama_model * model, const char * path) {

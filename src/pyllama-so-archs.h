@@ -23,11 +23,6 @@ enum pyllama_so_arch_flag {
     PYLLAMA_SO_ARCH_EXCLUDED      = 1u << 7, // left out of upstream's table
 };
 
-struct pyllama_so_tensor_init {
-    size_t seed;
-    float  stdev;
-};
-
 // architectures in upstream's table (excluded ones left out), in upstream's order
 LLAMA_API size_t       pyllama_so_arch_count(void);
 LLAMA_API const char * pyllama_so_arch_name(size_t i);
@@ -35,9 +30,6 @@ LLAMA_API uint32_t     pyllama_so_arch_flags(const char * arch);
 
 // GGUF metadata of a tiny model of this architecture; free with gguf_free; NULL for an unknown name
 LLAMA_API struct gguf_context * pyllama_so_arch_metadata(const char * arch, bool moe);
-
-// llama_model_set_tensor_data_t over a pyllama_so_tensor_init
-LLAMA_API void pyllama_so_arch_set_tensor_data(struct ggml_tensor * tensor, void * userdata);
 
 // save through llama_model_saver; false when no file came out
 LLAMA_API bool pyllama_so_model_save(const struct llama_model * model, const char * path);
