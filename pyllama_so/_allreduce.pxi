@@ -19,6 +19,8 @@ cdef extern from "pyllama-so-allreduce.h" nogil:
         uint64_t ce_rounds
         uint64_t ce_buffer_allocs
         uint64_t ce_alloc_failures
+        uint64_t ce_graphs
+        uint64_t ce_direct
 
     struct pyllama_so_allreduce_run_params:
         uint64_t size
@@ -38,6 +40,7 @@ cdef extern from "pyllama-so-allreduce.h" nogil:
         int32_t n_warmup
         int32_t n_iter
         double * us_per_iter
+        double * host_us_per_iter
 
     ctypedef int (*pyllama_so_allreduce_stats_t)(pyllama_so_allreduce_stats * out)
     ctypedef void (*pyllama_so_allreduce_stats_reset_t)()
@@ -97,6 +100,8 @@ def allreduce_stats():
         "ce_rounds": int(st.ce_rounds),
         "ce_buffer_allocs": int(st.ce_buffer_allocs),
         "ce_alloc_failures": int(st.ce_alloc_failures),
+        "ce_graphs": int(st.ce_graphs),
+        "ce_direct": int(st.ce_direct),
     }
 
 
@@ -148,12 +153,13 @@ def allreduce_run(a0, a1, int n_iter=1, unsigned int inactive=0, devices=(0, 1))
     return r0, r1
 
 
-def allreduce_bench(sizes, str mode="comm", int n_warmup=5, int n_iter=50, devices=(0, 1)):
+def allreduce_bench(sizes, str mode="comm", int n_warmup=5, int n_iter=50, devices=(0, 1), bint host_time=False):
     """Mean microseconds per iteration for each size in bytes.
 
     mode "comm": reductions of F32 tensors of that many bytes through a fresh CUDA comm context
     (routed by the GGML_CUDA_* variables in effect now). mode "ceiling": both GPUs copy that many
     bytes device->host and host->device at once (pinned memory), the copy-engine ceiling.
+    host_time: also return the mean host time to issue one reduction ("comm" only): (us, host_us).
     """
     cdef pyllama_so_allreduce_bench_t fn = <pyllama_so_allreduce_bench_t> _ar_proc(PYLLAMA_SO_AR_BENCH_NAME)
     if fn == NULL:
@@ -165,8 +171,10 @@ def allreduce_bench(sizes, str mode="comm", int n_warmup=5, int n_iter=50, devic
     if nb.ndim != 1 or nb.size == 0:
         raise ValueError("sizes must be a non-empty list of byte counts")
     us = np.zeros(nb.size, dtype=np.float64)
+    host_us = np.full(nb.size, np.nan, dtype=np.float64)
     cdef int64_t[::1] vnb = nb
     cdef double[::1] vus = us
+    cdef double[::1] vhost = host_us
     cdef pyllama_so_allreduce_bench_params p
     memset(&p, 0, sizeof(p))
     p.size = sizeof(p)
@@ -178,8 +186,11 @@ def allreduce_bench(sizes, str mode="comm", int n_warmup=5, int n_iter=50, devic
     p.n_warmup = n_warmup
     p.n_iter = n_iter
     p.us_per_iter = &vus[0]
+    p.host_us_per_iter = &vhost[0]
     cdef int rc
     with nogil:
         rc = fn(&p)
     _ar_check(rc, "allreduce_bench")
+    if host_time:
+        return [float(x) for x in us], [None if np.isnan(x) else float(x) for x in host_us]
     return [float(x) for x in us]

@@ -56,6 +56,8 @@ class AllReduceStats:
     ce_rounds: int = 0
     ce_buffer_allocs: int = 0
     ce_alloc_failures: int = 0
+    ce_graphs: int = 0  # copy-engine schedules captured into a CUDA graph (one per reduction size)
+    ce_direct: int = 0  # copy-engine reductions issued call by call (GGML_CUDA_AR_CE_GRAPH=0, or no graph)
 
     @property
     def total_calls(self) -> int:
@@ -68,6 +70,8 @@ class AllReduceStats:
             "ce_rounds": self.ce_rounds,
             "ce_buffer_allocs": self.ce_buffer_allocs,
             "ce_alloc_failures": self.ce_alloc_failures,
+            "ce_graphs": self.ce_graphs,
+            "ce_direct": self.ce_direct,
         }
 
 
@@ -85,6 +89,8 @@ def allreduce_stats() -> AllReduceStats:
         ce_rounds=raw["ce_rounds"],
         ce_buffer_allocs=raw["ce_buffer_allocs"],
         ce_alloc_failures=raw["ce_alloc_failures"],
+        ce_graphs=raw["ce_graphs"],
+        ce_direct=raw["ce_direct"],
     )
 
 

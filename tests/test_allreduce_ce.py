@@ -20,7 +20,8 @@ CHUNK_ELEMS = 512 * 1024 // 2  # one 512 KiB BF16 copy
 SLOT_ELEMS = 4 * 1024 * 1024 // 2  # one slot (the per-round buffer) in BF16 elements
 MIN_BYTES_DEFAULT = 512 * 1024
 
-KNOBS = ("GGML_CUDA_ALLREDUCE", "GGML_CUDA_AR_CE", "GGML_CUDA_AR_CE_MIN_BYTES", "GGML_CUDA_AR_CE_FAIL_ALLOC")
+KNOBS = ("GGML_CUDA_ALLREDUCE", "GGML_CUDA_AR_CE", "GGML_CUDA_AR_CE_MIN_BYTES", "GGML_CUDA_AR_CE_FAIL_ALLOC",
+         "GGML_CUDA_AR_CE_GRAPH")
 
 
 needs_two_gpus = pytest.mark.skipif(
@@ -86,6 +87,27 @@ def special_data(n: int, seed: int) -> np.ndarray:
 
 def run_ce(a0: np.ndarray, a1: np.ndarray, **kw: object) -> tuple[np.ndarray, np.ndarray]:
     return _llama.allreduce_run(a0, a1, **kw)
+
+
+# The copy-engine schedule is replayed as a CUDA graph (default) or issued call by call.
+SCHEDULES = ["graph", "direct"]
+
+
+def force_ce(knobs: pytest.MonkeyPatch, schedule: str) -> None:
+    knobs.setenv("GGML_CUDA_AR_CE", "1")
+    knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", "1")
+    if schedule == "direct":
+        knobs.setenv("GGML_CUDA_AR_CE_GRAPH", "0")
+
+
+def assert_schedule_ran(schedule: str, calls: int, sizes: int) -> None:
+    """Graph mode: one graph per distinct size and nothing issued directly (a failed capture would
+    silently fall back to direct issue); direct mode: every reduction issued directly."""
+    st = allreduce.allreduce_stats()
+    if schedule == "graph":
+        assert (st.ce_graphs, st.ce_direct) == (sizes, 0)
+    else:
+        assert (st.ce_graphs, st.ce_direct) == (0, calls)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,10 +187,10 @@ SIZES = [1, 2, 3, 1001, CHUNK_ELEMS - 1, CHUNK_ELEMS + 7, SLOT_ELEMS, SLOT_ELEMS
 
 @pytest.mark.gpu
 @needs_two_gpus
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("n", SIZES)
-def test_ce_bitwise(knobs: pytest.MonkeyPatch, n: int) -> None:
-    knobs.setenv("GGML_CUDA_AR_CE", "1")
-    knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", "1")
+def test_ce_bitwise(knobs: pytest.MonkeyPatch, n: int, schedule: str) -> None:
+    force_ce(knobs, schedule)
     a0, a1 = special_data(n, 1), special_data(n, 2)
     r0, r1 = run_ce(a0, a1)
     assert_same_on_both(r0, r1)
@@ -176,15 +198,16 @@ def test_ce_bitwise(knobs: pytest.MonkeyPatch, n: int) -> None:
     st = allreduce.allreduce_stats()
     assert st.paths["ce"].calls == 1 and st.paths["ce"].bytes == 4 * n
     assert st.ce_rounds == -(-n // SLOT_ELEMS)
+    assert_schedule_ran(schedule, 1, 1)
 
 
 @pytest.mark.gpu
 @needs_two_gpus
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("inactive", [1, 2, 3])
 @pytest.mark.parametrize("n", [5, CHUNK_ELEMS + 3, 2 * SLOT_ELEMS + 1])
-def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive: int, n: int) -> None:
-    knobs.setenv("GGML_CUDA_AR_CE", "1")
-    knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", "1")
+def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive: int, n: int, schedule: str) -> None:
+    force_ce(knobs, schedule)
     a0, a1 = special_data(n, 3), special_data(n, 4)
     # an inactive shard's data is garbage; it must not be read
     if inactive & 1:
@@ -275,10 +298,11 @@ def test_allocation_failure_falls_back(knobs: pytest.MonkeyPatch) -> None:
 @needs_two_gpus
 @pytest.mark.parametrize("n, n_iter", [(CHUNK_ELEMS + 5, 96), (SLOT_ELEMS - 3, 24), (2 * SLOT_ELEMS + 777, 12),
                                        (4097, 256)])
-def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int) -> None:
-    """Many reductions without host syncs; each must equal its own emulation bitwise."""
-    knobs.setenv("GGML_CUDA_AR_CE", "1")
-    knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", "1")
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int, schedule: str) -> None:
+    """Many reductions without host syncs (graph replays, or direct issue); each must equal its own
+    emulation bitwise."""
+    force_ce(knobs, schedule)
     rng = np.random.default_rng(n ^ n_iter)
     a0 = rng.standard_normal(n * n_iter).astype(np.float32)
     a1 = rng.standard_normal(n * n_iter).astype(np.float32)
@@ -290,6 +314,7 @@ def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int) 
         assert_bitwise(r0[sl], want[sl], f"reduction {k}")
     st = allreduce.allreduce_stats()
     assert st.paths["ce"].calls == n_iter and st.ce_buffer_allocs == 1
+    assert_schedule_ran(schedule, n_iter, 1)
 
 
 @pytest.mark.gpu
@@ -312,6 +337,8 @@ def test_greedy_tokens_equal_on_every_path(knobs: pytest.MonkeyPatch, tiny_model
         st = allreduce.allreduce_stats()
         if name == "ce":
             assert st.paths["ce"].calls > 0 and st.paths["nccl"].calls == 0
+            # prompt and single-token reductions: graphs of different sizes replayed in turn
+            assert st.ce_graphs >= 2 and st.ce_direct == 0
         elif name == "nccl":
             assert st.paths["ce"].calls == 0 and st.paths["nccl"].calls > 0
     assert runs["ce"] == runs["nccl"] == runs["default"]

@@ -5,7 +5,8 @@
 Sizes are the 16-bit payload that crosses between the GPUs (as in docs/benchmarks.md and NCCL's
 algBW); the reduced F32 tensor is twice as large. For each size it times, in one run:
 
-  ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size)
+  ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size), its schedule replayed as a graph
+  ce_direct     the same schedule issued call by call (GGML_CUDA_AR_CE_GRAPH=0), for comparison
   nccl          NCCL as the machine allows (NVLink/peer access where present)
   nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory (in a child process: NCCL
                 reads the variable once per process)
@@ -13,7 +14,8 @@ algBW); the reduced F32 tensor is twice as large. For each size it times, in one
   ceiling       both GPUs copying the payload device->host and host->device at once (pinned),
                 the bound for any reduction through host memory
 
-and prints time, algBW (payload / time) and the ratio to the ceiling (ceiling time / time).
+and prints time, algBW (payload / time), the ratio to the ceiling (ceiling time / time), and the
+host time to issue one reduction (when it comes close to the time, the path is bound by its API calls).
 Each path's reductions are checked against the counters, so a path that silently fell back to
 another one is reported as such.
 """
@@ -31,13 +33,15 @@ from collections.abc import Iterator, Sequence
 DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 
 # path -> (environment for the comm context, the counter that must move)
+_CE_ENV: dict[str, str | None] = {"GGML_CUDA_ALLREDUCE": None, "GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"}
+_BASE_ENV: dict[str, str | None] = {"GGML_CUDA_AR_CE": "0", "GGML_CUDA_AR_CE_MIN_BYTES": None, "GGML_CUDA_AR_CE_GRAPH": None}
 PATHS: dict[str, tuple[dict[str, str | None], str]] = {
-    "ce": ({"GGML_CUDA_ALLREDUCE": None, "GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"}, "ce"),
-    "nccl": ({"GGML_CUDA_ALLREDUCE": "nccl", "GGML_CUDA_AR_CE": "0", "GGML_CUDA_AR_CE_MIN_BYTES": None}, "nccl"),
-    "internal": ({"GGML_CUDA_ALLREDUCE": "internal", "GGML_CUDA_AR_CE": "0", "GGML_CUDA_AR_CE_MIN_BYTES": None},
-                 "internal"),
+    "ce": ({**_CE_ENV, "GGML_CUDA_AR_CE_GRAPH": None}, "ce"),
+    "ce_direct": ({**_CE_ENV, "GGML_CUDA_AR_CE_GRAPH": "0"}, "ce"),
+    "nccl": ({**_BASE_ENV, "GGML_CUDA_ALLREDUCE": "nccl"}, "nccl"),
+    "internal": ({**_BASE_ENV, "GGML_CUDA_ALLREDUCE": "internal"}, "internal"),
 }
-ORDER = ("ce", "nccl", "nccl_nop2p", "internal")
+ORDER = ("ce", "ce_direct", "nccl", "nccl_nop2p", "internal")
 
 
 def parse_size(text: str) -> int:
@@ -88,12 +92,13 @@ def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices:
     with environ(env):
         _llama.allreduce_stats_reset()
         try:
-            us = _llama.allreduce_bench([2 * s for s in sizes], "comm", warmup, iters, tuple(devices))
+            us, host_us = _llama.allreduce_bench([2 * s for s in sizes], "comm", warmup, iters, tuple(devices),
+                                                 host_time=True)
         except _llama.LlamaError as e:
             return {"error": str(e)}
         stats = _llama.allreduce_stats()["paths"]
     ran = {name: v["calls"] for name, v in stats.items() if v["calls"]}
-    out: dict[str, object] = {"us": us, "paths_counted": ran}
+    out: dict[str, object] = {"us": us, "host_us": host_us, "paths_counted": ran}
     if set(ran) != {counter}:
         out["warning"] = f"expected every reduction on {counter!r}, counted {ran}"
     return out
@@ -156,8 +161,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 def print_table(report: dict[str, object]) -> None:
     sizes = report["sizes"]
     results = report["results"]
-    print("| size | path | time (µs) | algBW (GB/s) | vs ceiling |")
-    print("|---:|---|---:|---:|---:|")
+    print("| size | path | time (µs) | algBW (GB/s) | vs ceiling | host µs to issue |")
+    print("|---:|---|---:|---:|---:|---:|")
     for k, size in enumerate(sizes):
         for name in ("ceiling", *ORDER):
             res = results.get(name, {})
@@ -166,12 +171,16 @@ def print_table(report: dict[str, object]) -> None:
             t = res["us"][k]
             bw = res["algbw_gbs"][k]
             ratio = res.get("ratio_to_ceiling", [None] * len(sizes))[k]
-            print(f"| {fmt_size(size)} | {name} | {t:.1f} | {bw:.1f} | {ratio:.2f} |" if ratio is not None
-                  else f"| {fmt_size(size)} | {name} | {t:.1f} | {bw:.1f} | |")
+            host = res.get("host_us", [None] * len(sizes))[k]
+            print(f"| {fmt_size(size)} | {name} | {t:.1f} | {bw:.1f} | {_fmt(ratio, '.2f')} | {_fmt(host, '.1f')} |")
     for name, res in results.items():
         for key in ("error", "warning"):
             if key in res:
                 print(f"{name}: {key}: {res[key]}")
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "" if x is None else format(x, spec)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,15 +1,20 @@
 // pyllama_so: copy-engine AllReduce for two GPUs, and the routing of the CUDA comm context.
 //
 // Without peer access, NCCL and the internal pipeline move data through host memory with SMs.
-// Here the copy engines do it: each GPU converts its F32 part to BF16 (one small kernel), copies it
-// to pinned host memory in 512 KiB chunks on its send stream, and on its receive stream copies the
-// peer's chunks back as soon as each has landed. A small kernel then adds the two BF16 values in F32,
-// always as part0 + part1, so both GPUs hold bit-identical results.
+// Here the copy engines do it: each GPU converts its F32 part to BF16, copies it to pinned host
+// memory in 512 KiB chunks on its send stream, and on its receive stream copies the peer's chunks
+// back as soon as each has landed. A small kernel then adds the two BF16 values in F32, always as
+// part0 + part1, so both GPUs hold bit-identical results. Conversion and sum run per chunk too, so
+// the first chunk is on the link after one chunk's conversion and the last is summed right after it lands.
 //
-// Ordering is done with events only (no host waits, nothing that breaks stream capture). The work
-// is cut into rounds of at most one slot; two slots alternate, so round r+1 converts and sends while
-// round r is still in transfer, and a slot is only rewritten after every reader of its previous
-// round (own D2H, peer's H2D, own add kernel) has been waited for with an event.
+// Ordering is done with events only (no host waits). The work is cut into rounds of at most one
+// slot; two slots alternate, and a chunk of a slot is only rewritten after every reader of its
+// previous round (own D2H, peer's H2D, own sum) has been waited for with an event.
+//
+// Issuing that schedule takes about ten API calls per chunk and GPU, which at these sizes costs more
+// host time than the copies take. So the schedule of each reduction size is captured once into a
+// CUDA graph (both GPUs in one graph) and replayed; the tensor's address reaches the graph's kernels
+// through a small argument block written on the compute stream before each launch.
 
 #include "allreduce-ce.cuh"
 #include "pyllama-so-allreduce.h"
@@ -20,6 +25,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +40,8 @@ static std::atomic<uint64_t> g_ce_bytes[PYLLAMA_SO_AR_PATH_COUNT];
 static std::atomic<uint64_t> g_ce_rounds;
 static std::atomic<uint64_t> g_ce_buffer_allocs;
 static std::atomic<uint64_t> g_ce_alloc_failures;
+static std::atomic<uint64_t> g_ce_graphs;
+static std::atomic<uint64_t> g_ce_direct;
 
 static void ggml_cuda_ce_count(int path, size_t nbytes) {
     g_ce_calls[path].fetch_add(1, std::memory_order_relaxed);
@@ -51,6 +59,8 @@ static int ggml_cuda_ce_stats_get(pyllama_so_allreduce_stats * out) {
     out->ce_rounds         = g_ce_rounds.load(std::memory_order_relaxed);
     out->ce_buffer_allocs  = g_ce_buffer_allocs.load(std::memory_order_relaxed);
     out->ce_alloc_failures = g_ce_alloc_failures.load(std::memory_order_relaxed);
+    out->ce_graphs         = g_ce_graphs.load(std::memory_order_relaxed);
+    out->ce_direct         = g_ce_direct.load(std::memory_order_relaxed);
     return PYLLAMA_SO_AR_OK;
 }
 
@@ -62,6 +72,8 @@ static void ggml_cuda_ce_stats_reset(void) {
     g_ce_rounds.store(0, std::memory_order_relaxed);
     g_ce_buffer_allocs.store(0, std::memory_order_relaxed);
     g_ce_alloc_failures.store(0, std::memory_order_relaxed);
+    g_ce_graphs.store(0, std::memory_order_relaxed);
+    g_ce_direct.store(0, std::memory_order_relaxed);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -114,22 +126,46 @@ static bool ggml_cuda_ce_env_fail_alloc() {
     return v != nullptr && v[0] != '\0' && strcmp(v, "0") != 0;
 }
 
+// GGML_CUDA_AR_CE_GRAPH=0: issue the schedule's copies, kernels and events one by one on every call
+// instead of replaying it as a CUDA graph (for comparison and debugging; the results are the same).
+static bool ggml_cuda_ce_env_graph() {
+    const char * v = getenv("GGML_CUDA_AR_CE_GRAPH");
+    return v == nullptr || v[0] == '\0' || strcmp(v, "0") != 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Copy-engine transfer (CUDA only)
 // ---------------------------------------------------------------------------------------------
 
-struct ggml_cuda_ce_device {
-    int          device = -1;
-    cudaStream_t send   = nullptr; // D2H of our parts
-    cudaStream_t recv   = nullptr; // H2D of the peer's parts
-    char *       vram   = nullptr; // [slot] send part, then [slot] recv part (BF16)
-    char *       host   = nullptr; // pinned, portable: [slot] our part, read by the peer
+// Where this call's tensor lives; written on the compute stream before each reduction, so that one
+// graph per size serves every tensor. src == nullptr: inactive shard, contributes zeros.
+struct ggml_cuda_ce_args {
+    const float * src;
+    float *       dst;
+};
 
-    cudaEvent_t conv_done[GGML_CUDA_CE_N_SLOTS]                          = {}; // compute: send part written
-    cudaEvent_t d2h_chunk[GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {}; // send: chunk is in host memory
-    cudaEvent_t d2h_done [GGML_CUDA_CE_N_SLOTS]                          = {}; // send: done reading send part
-    cudaEvent_t h2d_done [GGML_CUDA_CE_N_SLOTS]                          = {}; // recv: recv part written, peer's host slot read
-    cudaEvent_t add_done [GGML_CUDA_CE_N_SLOTS]                          = {}; // compute: done reading both parts
+enum ggml_cuda_ce_stream_role {
+    GGML_CUDA_CE_CONV, // F32 -> BF16 of our part, chunk by chunk
+    GGML_CUDA_CE_SEND, // D2H of our chunks into our pinned slot
+    GGML_CUDA_CE_RECV, // H2D of the peer's chunks from its pinned slot
+    GGML_CUDA_CE_ADD,  // part0 + part1 -> tensor, chunk by chunk
+    GGML_CUDA_CE_N_ROLES,
+};
+
+struct ggml_cuda_ce_device {
+    int                 device = -1;
+    cudaStream_t        streams[GGML_CUDA_CE_N_ROLES] = {};
+    char *              vram   = nullptr; // [slot] send part, [slot] recv part (BF16), then the args
+    char *              host   = nullptr; // pinned, portable: [slot] our part, read by the peer
+    ggml_cuda_ce_args * args   = nullptr; // in vram
+
+    cudaEvent_t ready = nullptr;                        // compute stream: args written, tensor complete
+    cudaEvent_t joined[GGML_CUDA_CE_N_ROLES] = {};      // each role stream's end of the schedule
+    // per slot and chunk, the last time each step finished on this device
+    cudaEvent_t conv_ev[GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {};
+    cudaEvent_t d2h_ev [GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {};
+    cudaEvent_t h2d_ev [GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {};
+    cudaEvent_t add_ev [GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {};
 
     uint16_t * send_part(int slot) const { return (uint16_t *) (vram + (size_t) slot * GGML_CUDA_CE_SLOT_BYTES); }
     uint16_t * recv_part(int slot) const {
@@ -144,6 +180,14 @@ enum ggml_cuda_ce_state {
     GGML_CUDA_CE_STATE_FAILED,
 };
 
+// Graphs are instantiated once per reduction size; sizes beyond this many are issued directly.
+static constexpr int GGML_CUDA_CE_MAX_GRAPHS = 64;
+
+struct ggml_cuda_ce_graph {
+    int64_t         ne   = 0;
+    cudaGraphExec_t exec = nullptr;
+};
+
 struct ggml_cuda_ce_router {
     ggml_backend_t     backends[2] = {};
     int                dev_ids[2]  = {};
@@ -153,12 +197,20 @@ struct ggml_cuda_ce_router {
     bool   ce_enabled = false; // large F32 reductions go to the copy engines
     size_t min_bytes  = GGML_CUDA_CE_MIN_BYTES_DEFAULT;
     bool   fail_alloc = false;
+    bool   use_graphs = true;  // GGML_CUDA_AR_CE_GRAPH
 
-    ggml_cuda_ce_state  state   = GGML_CUDA_CE_STATE_UNALLOCATED;
-    uint64_t            round   = 0; // rounds issued so far; slot = round % N_SLOTS
+    ggml_cuda_ce_state  state = GGML_CUDA_CE_STATE_UNALLOCATED;
     ggml_cuda_ce_device dev[2];
-    bool                capture_logged = false;
+    cudaStream_t        origin = nullptr; // on dev[0]: every reduction forks from and joins into it
+    cudaEvent_t         fork   = nullptr;
+    cudaEvent_t         done   = nullptr;
+
+    std::vector<ggml_cuda_ce_graph> graphs;
+    bool capture_logged = false;
 };
+
+static constexpr size_t GGML_CUDA_CE_ARGS_OFFSET = GGML_CUDA_CE_VRAM_BYTES;
+static constexpr size_t GGML_CUDA_CE_VRAM_ALLOC  = GGML_CUDA_CE_VRAM_BYTES + 256;
 
 #if !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA)
 
@@ -184,15 +236,24 @@ static __device__ __forceinline__ float ggml_cuda_ce_add_rn(const float a, const
     return r;
 }
 
-static __global__ void ggml_cuda_ce_to_bf16_kernel(const float * __restrict__ src, uint16_t * __restrict__ dst, const int n) {
+static __global__ void ggml_cuda_ce_set_args_kernel(ggml_cuda_ce_args * args, const float * src, float * dst) {
+    args->src = src;
+    args->dst = dst;
+}
+
+static __global__ void ggml_cuda_ce_to_bf16_kernel(
+        const ggml_cuda_ce_args * __restrict__ args, const int64_t off, uint16_t * __restrict__ dst, const int n) {
+    const float * src = args->src;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        dst[i] = ggml_cuda_ce_f32_to_bf16(src[i]);
+        dst[i] = src != nullptr ? ggml_cuda_ce_f32_to_bf16(src[off + i]) : (uint16_t) 0;
     }
 }
 
 // dst = part0 + part1 in this order on both GPUs, so both results are bit-identical.
 static __global__ void ggml_cuda_ce_add_kernel(
-        const uint16_t * __restrict__ part0, const uint16_t * __restrict__ part1, float * __restrict__ dst, const int n) {
+        const uint16_t * __restrict__ part0, const uint16_t * __restrict__ part1,
+        const ggml_cuda_ce_args * __restrict__ args, const int64_t off, const int n) {
+    float * dst = args->dst + off;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         dst[i] = ggml_cuda_ce_add_rn(ggml_cuda_ce_bf16_to_f32(part0[i]), ggml_cuda_ce_bf16_to_f32(part1[i]));
     }
@@ -205,44 +266,68 @@ static dim3 ggml_cuda_ce_grid(const int n) {
 
 static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router * r) {
     // Teardown only: drain whatever still reads or writes our buffers on either device.
+    if (r->origin) {
+        ggml_cuda_set_device(r->dev_ids[0]);
+        CUDA_CHECK(cudaStreamSynchronize(r->origin));
+    }
     for (int i = 0; i < 2; ++i) {
         ggml_cuda_ce_device & d = r->dev[i];
         if (d.device < 0) {
             continue;
         }
         ggml_cuda_set_device(d.device);
-        if (d.send) { CUDA_CHECK(cudaStreamSynchronize(d.send)); }
-        if (d.recv) { CUDA_CHECK(cudaStreamSynchronize(d.recv)); }
+        for (cudaStream_t st : d.streams) {
+            if (st) { CUDA_CHECK(cudaStreamSynchronize(st)); }
+        }
         if (r->state == GGML_CUDA_CE_STATE_READY) {
             auto * cuda_ctx = static_cast<ggml_backend_cuda_context *>(r->backends[i]->context);
             CUDA_CHECK(cudaStreamSynchronize(cuda_ctx->stream()));
         }
     }
+    if (r->origin) {
+        ggml_cuda_set_device(r->dev_ids[0]);
+        for (ggml_cuda_ce_graph & g : r->graphs) {
+            CUDA_CHECK(cudaGraphExecDestroy(g.exec));
+        }
+        r->graphs.clear();
+        if (r->fork) { CUDA_CHECK(cudaEventDestroy(r->fork)); r->fork = nullptr; }
+        if (r->done) { CUDA_CHECK(cudaEventDestroy(r->done)); r->done = nullptr; }
+        CUDA_CHECK(cudaStreamDestroy(r->origin));
+        r->origin = nullptr;
+    }
     for (int i = 0; i < 2; ++i) {
         ggml_cuda_ce_device & d = r->dev[i];
         if (d.device < 0) {
             continue;
         }
         ggml_cuda_set_device(d.device);
+        std::vector<cudaEvent_t *> evs = { &d.ready };
+        for (int k = 0; k < GGML_CUDA_CE_N_ROLES; ++k) {
+            evs.push_back(&d.joined[k]);
+        }
         for (int s = 0; s < GGML_CUDA_CE_N_SLOTS; ++s) {
-            cudaEvent_t * evs[] = { &d.conv_done[s], &d.d2h_done[s], &d.h2d_done[s], &d.add_done[s] };
-            for (cudaEvent_t * ev : evs) {
-                if (*ev) { CUDA_CHECK(cudaEventDestroy(*ev)); *ev = nullptr; }
-            }
             for (int c = 0; c < GGML_CUDA_CE_SLOT_CHUNKS; ++c) {
-                if (d.d2h_chunk[s][c]) { CUDA_CHECK(cudaEventDestroy(d.d2h_chunk[s][c])); d.d2h_chunk[s][c] = nullptr; }
+                evs.insert(evs.end(), { &d.conv_ev[s][c], &d.d2h_ev[s][c], &d.h2d_ev[s][c], &d.add_ev[s][c] });
             }
         }
-        if (d.send) { CUDA_CHECK(cudaStreamDestroy(d.send)); d.send = nullptr; }
-        if (d.recv) { CUDA_CHECK(cudaStreamDestroy(d.recv)); d.recv = nullptr; }
-        if (d.vram) { CUDA_CHECK(cudaFree(d.vram));          d.vram = nullptr; }
-        if (d.host) { CUDA_CHECK(cudaFreeHost(d.host));      d.host = nullptr; }
+        for (cudaEvent_t * ev : evs) {
+            if (*ev) { CUDA_CHECK(cudaEventDestroy(*ev)); *ev = nullptr; }
+        }
+        for (cudaStream_t & st : d.streams) {
+            if (st) { CUDA_CHECK(cudaStreamDestroy(st)); st = nullptr; }
+        }
+        if (d.vram) { CUDA_CHECK(cudaFree(d.vram));     d.vram = nullptr; d.args = nullptr; }
+        if (d.host) { CUDA_CHECK(cudaFreeHost(d.host)); d.host = nullptr; }
         d.device = -1;
     }
 }
 
-// Allocation errors are expected (out of memory) and must not abort: collect them here.
+// Errors that must not abort (out of memory at allocation, a failed capture): keep the first one.
 #define GGML_CUDA_CE_TRY(call) do { if (err == cudaSuccess) { err = (call); } } while (0)
+
+static cudaError_t ggml_cuda_ce_event(cudaEvent_t * ev) {
+    return cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
+}
 
 static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
     cudaError_t err = r->fail_alloc ? cudaErrorMemoryAllocation : cudaSuccess;
@@ -250,20 +335,33 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
         ggml_cuda_ce_device & d = r->dev[i];
         d.device = r->dev_ids[i];
         ggml_cuda_set_device(d.device);
-        GGML_CUDA_CE_TRY(cudaMalloc((void **) &d.vram, GGML_CUDA_CE_VRAM_BYTES));
+        GGML_CUDA_CE_TRY(cudaMalloc((void **) &d.vram, GGML_CUDA_CE_VRAM_ALLOC));
         // portable: the peer GPU copies from it too
         GGML_CUDA_CE_TRY(cudaHostAlloc((void **) &d.host, GGML_CUDA_CE_HOST_BYTES, cudaHostAllocPortable));
-        GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&d.send, cudaStreamNonBlocking));
-        GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&d.recv, cudaStreamNonBlocking));
+        for (cudaStream_t & st : d.streams) {
+            GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        }
+        GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.ready));
+        for (cudaEvent_t & ev : d.joined) {
+            GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&ev));
+        }
         for (int s = 0; s < GGML_CUDA_CE_N_SLOTS; ++s) {
-            GGML_CUDA_CE_TRY(cudaEventCreateWithFlags(&d.conv_done[s], cudaEventDisableTiming));
-            GGML_CUDA_CE_TRY(cudaEventCreateWithFlags(&d.d2h_done[s],  cudaEventDisableTiming));
-            GGML_CUDA_CE_TRY(cudaEventCreateWithFlags(&d.h2d_done[s],  cudaEventDisableTiming));
-            GGML_CUDA_CE_TRY(cudaEventCreateWithFlags(&d.add_done[s],  cudaEventDisableTiming));
             for (int c = 0; c < GGML_CUDA_CE_SLOT_CHUNKS; ++c) {
-                GGML_CUDA_CE_TRY(cudaEventCreateWithFlags(&d.d2h_chunk[s][c], cudaEventDisableTiming));
+                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.conv_ev[s][c]));
+                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.d2h_ev[s][c]));
+                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.h2d_ev[s][c]));
+                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.add_ev[s][c]));
             }
         }
+        if (d.vram != nullptr) {
+            d.args = (ggml_cuda_ce_args *) (d.vram + GGML_CUDA_CE_ARGS_OFFSET);
+        }
+    }
+    if (err == cudaSuccess) {
+        ggml_cuda_set_device(r->dev_ids[0]);
+        GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&r->origin, cudaStreamNonBlocking));
+        GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&r->fork));
+        GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&r->done));
     }
     if (err != cudaSuccess) {
         (void) cudaGetLastError(); // clear the sticky error of the failed call
@@ -279,23 +377,159 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
     r->state = GGML_CUDA_CE_STATE_READY;
     g_ce_buffer_allocs.fetch_add(1, std::memory_order_relaxed);
     GGML_LOG_INFO("%s: copy-engine AllReduce on devices %d,%d: %zu MiB VRAM + %zu MiB pinned host memory per GPU, "
-                  "reductions from %zu bytes\n", __func__, r->dev_ids[0], r->dev_ids[1],
-                  GGML_CUDA_CE_VRAM_BYTES >> 20, GGML_CUDA_CE_HOST_BYTES >> 20, r->min_bytes);
+                  "reductions from %zu bytes%s\n", __func__, r->dev_ids[0], r->dev_ids[1],
+                  GGML_CUDA_CE_VRAM_BYTES >> 20, GGML_CUDA_CE_HOST_BYTES >> 20, r->min_bytes,
+                  r->use_graphs ? "" : " (GGML_CUDA_AR_CE_GRAPH=0: no graph replay)");
     return true;
+}
+
+// The schedule of one reduction of ne elements, from r->origin back into r->origin. Rounds of at
+// most one slot; slot s = round % 2. Per round and chunk c, on each GPU i (p = peer):
+//   conv: wait own d2h(r-2,c) and add(r-2,c) (they read the send part); convert -> send part
+//   send: wait conv(r,c), peer h2d(r-2,c) (it read our host slot); D2H -> our host slot
+//   recv: wait own add(r-2,c) (it read the recv part), peer d2h(r,c); H2D -> recv part
+//   add:  wait h2d(r,c), conv(r,c); part0 + part1 -> tensor
+// Every wait is issued after the record it means and before that event is recorded again, and only
+// waits on events recorded by this same schedule, so it can be captured into a graph as it is.
+// Returns the first CUDA error instead of aborting (a capture that is not supported must not abort).
+static cudaError_t ggml_cuda_ce_issue(ggml_cuda_ce_router * r, const int64_t ne) {
+    cudaError_t err = cudaSuccess;
+    ggml_cuda_set_device(r->dev_ids[0]);
+    GGML_CUDA_CE_TRY(cudaEventRecord(r->fork, r->origin));
+    for (int i = 0; i < 2; ++i) {
+        ggml_cuda_set_device(r->dev[i].device);
+        for (cudaStream_t st : r->dev[i].streams) {
+            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, r->fork, 0));
+        }
+    }
+
+    const int64_t n_rounds = (ne + GGML_CUDA_CE_SLOT_ELEMS - 1) / GGML_CUDA_CE_SLOT_ELEMS;
+    const int64_t chunk_elems = (int64_t) (GGML_CUDA_CE_CHUNK_BYTES / sizeof(uint16_t));
+    for (int64_t k = 0; k < n_rounds && err == cudaSuccess; ++k) {
+        const int     s      = (int) (k % GGML_CUDA_CE_N_SLOTS);
+        const bool    reused = k >= GGML_CUDA_CE_N_SLOTS;
+        const int64_t off    = k * GGML_CUDA_CE_SLOT_ELEMS;
+        const int64_t m      = std::min(GGML_CUDA_CE_SLOT_ELEMS, ne - off);
+        const int     chunks = (int) ((m + chunk_elems - 1) / chunk_elems);
+
+        for (int role = 0; role < GGML_CUDA_CE_N_ROLES; ++role) {
+            for (int i = 0; i < 2; ++i) {
+                ggml_cuda_ce_device & d  = r->dev[i];
+                ggml_cuda_ce_device & dp = r->dev[1 - i];
+                cudaStream_t st = d.streams[role];
+                ggml_cuda_set_device(d.device);
+                for (int c = 0; c < chunks; ++c) {
+                    const int64_t c_off   = (int64_t) c * chunk_elems;
+                    const int     c_n     = (int) std::min(chunk_elems, m - c_off);
+                    const size_t  c_bytes = (size_t) c_n * sizeof(uint16_t);
+                    switch (role) {
+                        case GGML_CUDA_CE_CONV:
+                            if (reused) {
+                                GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.d2h_ev[s][c], 0));
+                                GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.add_ev[s][c], 0));
+                            }
+                            if (err == cudaSuccess) {
+                                ggml_cuda_ce_to_bf16_kernel<<<ggml_cuda_ce_grid(c_n), 256, 0, st>>>(
+                                    d.args, off + c_off, d.send_part(s) + c_off, c_n);
+                            }
+                            GGML_CUDA_CE_TRY(cudaGetLastError());
+                            GGML_CUDA_CE_TRY(cudaEventRecord(d.conv_ev[s][c], st));
+                            break;
+                        case GGML_CUDA_CE_SEND:
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.conv_ev[s][c], 0));
+                            if (reused) {
+                                GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, dp.h2d_ev[s][c], 0));
+                            }
+                            GGML_CUDA_CE_TRY(cudaMemcpyAsync(d.host_part(s) + c_off * sizeof(uint16_t), d.send_part(s) + c_off,
+                                                             c_bytes, cudaMemcpyDeviceToHost, st));
+                            GGML_CUDA_CE_TRY(cudaEventRecord(d.d2h_ev[s][c], st));
+                            break;
+                        case GGML_CUDA_CE_RECV:
+                            if (reused) {
+                                GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.add_ev[s][c], 0));
+                            }
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, dp.d2h_ev[s][c], 0));
+                            GGML_CUDA_CE_TRY(cudaMemcpyAsync(d.recv_part(s) + c_off, dp.host_part(s) + c_off * sizeof(uint16_t),
+                                                             c_bytes, cudaMemcpyHostToDevice, st));
+                            GGML_CUDA_CE_TRY(cudaEventRecord(d.h2d_ev[s][c], st));
+                            break;
+                        case GGML_CUDA_CE_ADD: {
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.h2d_ev[s][c], 0));
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.conv_ev[s][c], 0));
+                            const uint16_t * part0 = (i == 0 ? d.send_part(s) : d.recv_part(s)) + c_off;
+                            const uint16_t * part1 = (i == 0 ? d.recv_part(s) : d.send_part(s)) + c_off;
+                            if (err == cudaSuccess) {
+                                ggml_cuda_ce_add_kernel<<<ggml_cuda_ce_grid(c_n), 256, 0, st>>>(part0, part1, d.args, off + c_off, c_n);
+                            }
+                            GGML_CUDA_CE_TRY(cudaGetLastError());
+                            GGML_CUDA_CE_TRY(cudaEventRecord(d.add_ev[s][c], st));
+                        } break;
+                    }
+                }
+            }
+        }
+    }
+
+    for (int i = 0; i < 2; ++i) {
+        ggml_cuda_ce_device & d = r->dev[i];
+        ggml_cuda_set_device(d.device);
+        for (int role = 0; role < GGML_CUDA_CE_N_ROLES; ++role) {
+            GGML_CUDA_CE_TRY(cudaEventRecord(d.joined[role], d.streams[role]));
+        }
+    }
+    ggml_cuda_set_device(r->dev_ids[0]);
+    for (int i = 0; i < 2; ++i) {
+        for (cudaEvent_t ev : r->dev[i].joined) {
+            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(r->origin, ev, 0));
+        }
+    }
+    return err;
+}
+
+// The schedule for ne elements as an instantiated graph: built on first use of each size, so that a
+// reduction costs one graph launch instead of ~10 API calls per 512 KiB chunk. nullptr: issue it directly.
+static cudaGraphExec_t ggml_cuda_ce_graph_get(ggml_cuda_ce_router * r, const int64_t ne) {
+    for (const ggml_cuda_ce_graph & g : r->graphs) {
+        if (g.ne == ne) {
+            return g.exec;
+        }
+    }
+    if ((int) r->graphs.size() >= GGML_CUDA_CE_MAX_GRAPHS) {
+        return nullptr;
+    }
+    cudaError_t err = cudaSuccess;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ggml_cuda_set_device(r->dev_ids[0]);
+    GGML_CUDA_CE_TRY(cudaStreamBeginCapture(r->origin, cudaStreamCaptureModeRelaxed));
+    if (err == cudaSuccess) {
+        err = ggml_cuda_ce_issue(r, ne);
+        ggml_cuda_set_device(r->dev_ids[0]);
+        const cudaError_t end = cudaStreamEndCapture(r->origin, &graph); // always ends the capture
+        GGML_CUDA_CE_TRY(end);
+    }
+    GGML_CUDA_CE_TRY(cudaGraphInstantiate(&exec, graph, 0));
+    if (graph != nullptr) {
+        CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    if (err != cudaSuccess) {
+        (void) cudaGetLastError();
+        r->use_graphs = false;
+        GGML_LOG_WARN("%s: copy-engine AllReduce: capturing the schedule failed (%s); issuing it directly from now on\n",
+                      __func__, cudaGetErrorString(err));
+        return nullptr;
+    }
+    r->graphs.push_back({ ne, exec });
+    g_ce_graphs.fetch_add(1, std::memory_order_relaxed);
+    return exec;
 }
 
 #undef GGML_CUDA_CE_TRY
 
-// Host issue order per round r (slot s = r % 2, p = peer), every wait issued after the record it
-// means and before that event is recorded again for round r + 2:
-//   A(r) compute: wait d2h_done[s] (own D2H of r-2); convert (or zero) -> send part; record conv_done[s]
-//   B(r) send:    wait conv_done[s]; wait peer h2d_done[s] (peer read our host slot of r-2);
-//                 D2H chunks, record d2h_chunk[s][c] each; record d2h_done[s]
-//   C(r) recv:    wait add_done[s] (own add of r-2 read the recv part); per chunk: wait peer
-//                 d2h_chunk[s][c], H2D; record h2d_done[s]
-//   D(r) compute: wait h2d_done[s]; add part0 + part1 -> tensor; record add_done[s]
-// Issued as A B C (both GPUs) for round r, then D for round r-1: the compute stream converts the
-// next piece before it blocks on the previous piece's transfer.
+// One reduction: the compute streams hand over (args written, tensor complete), the schedule runs
+// from r->origin (graph replay, or issued directly), and the compute streams wait for its end. The
+// next reduction's schedule starts only after this one's (both fork from r->origin, after the
+// compute streams), so the slots need no ordering across calls.
 static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tensors) {
     cudaStream_t compute[2];
     for (int i = 0; i < 2; ++i) {
@@ -323,98 +557,37 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
         return false;
     }
 
-    const int64_t ne       = ggml_nelements(tensors[0]);
-    const int64_t n_rounds = (ne + GGML_CUDA_CE_SLOT_ELEMS - 1) / GGML_CUDA_CE_SLOT_ELEMS;
-    bool active[2];
-    float * data[2];
+    const int64_t ne = ggml_nelements(tensors[0]);
+    cudaGraphExec_t exec = r->use_graphs ? ggml_cuda_ce_graph_get(r, ne) : nullptr;
+
     for (int i = 0; i < 2; ++i) {
-        active[i] = (tensors[i]->flags & GGML_TENSOR_FLAG_COMPUTE) != 0;
-        data[i]   = static_cast<float *>(tensors[i]->data);
+        ggml_cuda_ce_device & d = r->dev[i];
+        ggml_cuda_set_device(d.device);
+        // inactive shard / empty slice: contributes zeros, as on the NCCL and internal paths
+        const bool active = (tensors[i]->flags & GGML_TENSOR_FLAG_COMPUTE) != 0;
+        float * data = static_cast<float *>(tensors[i]->data);
+        ggml_cuda_ce_set_args_kernel<<<1, 1, 0, compute[i]>>>(d.args, active ? data : nullptr, data);
+        CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaEventRecord(d.ready, compute[i]));
+    }
+    ggml_cuda_set_device(r->dev_ids[0]);
+    for (int i = 0; i < 2; ++i) {
+        CUDA_CHECK(cudaStreamWaitEvent(r->origin, r->dev[i].ready, 0));
+    }
+    if (exec != nullptr) {
+        CUDA_CHECK(cudaGraphLaunch(exec, r->origin));
+    } else {
+        CUDA_CHECK(ggml_cuda_ce_issue(r, ne));
+        ggml_cuda_set_device(r->dev_ids[0]);
+        g_ce_direct.fetch_add(1, std::memory_order_relaxed);
+    }
+    CUDA_CHECK(cudaEventRecord(r->done, r->origin));
+    for (int i = 0; i < 2; ++i) {
+        ggml_cuda_set_device(r->dev_ids[i]);
+        CUDA_CHECK(cudaStreamWaitEvent(compute[i], r->done, 0));
     }
 
-    for (int64_t k = 0; k <= n_rounds; ++k) {
-        if (k < n_rounds) {
-            const uint64_t rnd    = r->round + (uint64_t) k;
-            const int      s      = (int) (rnd % GGML_CUDA_CE_N_SLOTS);
-            const bool     reused = rnd >= GGML_CUDA_CE_N_SLOTS;
-            const int64_t  off    = k * GGML_CUDA_CE_SLOT_ELEMS;
-            const int      m      = (int) std::min(GGML_CUDA_CE_SLOT_ELEMS, ne - off);
-            const size_t   bytes  = (size_t) m * sizeof(uint16_t);
-            const int      chunks = (int) ((bytes + GGML_CUDA_CE_CHUNK_BYTES - 1) / GGML_CUDA_CE_CHUNK_BYTES);
-
-            for (int i = 0; i < 2; ++i) { // A, B
-                const int p = 1 - i;
-                ggml_cuda_ce_device & d  = r->dev[i];
-                ggml_cuda_ce_device & dp = r->dev[p];
-                ggml_cuda_set_device(d.device);
-
-                if (reused) {
-                    CUDA_CHECK(cudaStreamWaitEvent(compute[i], d.d2h_done[s], 0));
-                }
-                if (active[i]) {
-                    ggml_cuda_ce_to_bf16_kernel<<<ggml_cuda_ce_grid(m), 256, 0, compute[i]>>>(data[i] + off, d.send_part(s), m);
-                    CUDA_CHECK(cudaGetLastError());
-                } else {
-                    // inactive shard / empty slice: contributes zeros, as on the NCCL and internal paths
-                    CUDA_CHECK(cudaMemsetAsync(d.send_part(s), 0, bytes, compute[i]));
-                }
-                CUDA_CHECK(cudaEventRecord(d.conv_done[s], compute[i]));
-
-                CUDA_CHECK(cudaStreamWaitEvent(d.send, d.conv_done[s], 0));
-                if (reused) {
-                    CUDA_CHECK(cudaStreamWaitEvent(d.send, dp.h2d_done[s], 0));
-                }
-                for (int c = 0; c < chunks; ++c) {
-                    const size_t c_off   = (size_t) c * GGML_CUDA_CE_CHUNK_BYTES;
-                    const size_t c_bytes = std::min(GGML_CUDA_CE_CHUNK_BYTES, bytes - c_off);
-                    CUDA_CHECK(cudaMemcpyAsync(d.host_part(s) + c_off, (const char *) d.send_part(s) + c_off, c_bytes,
-                                               cudaMemcpyDeviceToHost, d.send));
-                    CUDA_CHECK(cudaEventRecord(d.d2h_chunk[s][c], d.send));
-                }
-                CUDA_CHECK(cudaEventRecord(d.d2h_done[s], d.send));
-            }
-
-            for (int i = 0; i < 2; ++i) { // C
-                const int p = 1 - i;
-                ggml_cuda_ce_device & d  = r->dev[i];
-                ggml_cuda_ce_device & dp = r->dev[p];
-                ggml_cuda_set_device(d.device);
-
-                if (reused) {
-                    CUDA_CHECK(cudaStreamWaitEvent(d.recv, d.add_done[s], 0));
-                }
-                for (int c = 0; c < chunks; ++c) {
-                    const size_t c_off   = (size_t) c * GGML_CUDA_CE_CHUNK_BYTES;
-                    const size_t c_bytes = std::min(GGML_CUDA_CE_CHUNK_BYTES, bytes - c_off);
-                    CUDA_CHECK(cudaStreamWaitEvent(d.recv, dp.d2h_chunk[s][c], 0));
-                    CUDA_CHECK(cudaMemcpyAsync((char *) d.recv_part(s) + c_off, dp.host_part(s) + c_off, c_bytes,
-                                               cudaMemcpyHostToDevice, d.recv));
-                }
-                CUDA_CHECK(cudaEventRecord(d.h2d_done[s], d.recv));
-            }
-        }
-
-        if (k > 0) { // D for the previous round
-            const uint64_t rnd = r->round + (uint64_t) (k - 1);
-            const int      s   = (int) (rnd % GGML_CUDA_CE_N_SLOTS);
-            const int64_t  off = (k - 1) * GGML_CUDA_CE_SLOT_ELEMS;
-            const int      m   = (int) std::min(GGML_CUDA_CE_SLOT_ELEMS, ne - off);
-
-            for (int i = 0; i < 2; ++i) {
-                ggml_cuda_ce_device & d = r->dev[i];
-                ggml_cuda_set_device(d.device);
-                CUDA_CHECK(cudaStreamWaitEvent(compute[i], d.h2d_done[s], 0));
-                const uint16_t * part0 = i == 0 ? d.send_part(s) : d.recv_part(s);
-                const uint16_t * part1 = i == 0 ? d.recv_part(s) : d.send_part(s);
-                ggml_cuda_ce_add_kernel<<<ggml_cuda_ce_grid(m), 256, 0, compute[i]>>>(part0, part1, data[i] + off, m);
-                CUDA_CHECK(cudaGetLastError());
-                CUDA_CHECK(cudaEventRecord(d.add_done[s], compute[i]));
-            }
-        }
-    }
-
-    r->round += (uint64_t) n_rounds;
-    g_ce_rounds.fetch_add((uint64_t) n_rounds, std::memory_order_relaxed);
+    g_ce_rounds.fetch_add((uint64_t) ((ne + GGML_CUDA_CE_SLOT_ELEMS - 1) / GGML_CUDA_CE_SLOT_ELEMS), std::memory_order_relaxed);
     return true;
 }
 
@@ -466,6 +639,7 @@ ggml_cuda_ce_router * ggml_cuda_ce_router_init(
     }
     r->min_bytes  = ggml_cuda_ce_env_min_bytes();
     r->fail_alloc = ggml_cuda_ce_env_fail_alloc();
+    r->use_graphs = ggml_cuda_ce_env_graph();
 
     const int mode = ggml_cuda_ce_env_mode();
     const char * why = nullptr;
@@ -900,10 +1074,16 @@ static int ggml_cuda_ce_bench(const pyllama_so_allreduce_bench_params * p) {
             ggml_cuda_set_device(p->devices[i]);
             CUDA_CHECK(cudaEventRecord(start[i], rig.stream(i)));
         }
+        const auto host_t0 = std::chrono::steady_clock::now();
         for (int it = 0; it < p->n_iter && rc == PYLLAMA_SO_AR_OK; ++it) {
             if (!rig.allreduce(rig.comm, t)) {
                 rc = PYLLAMA_SO_AR_EDECLINED;
             }
+        }
+        // host time to issue: when it is close to the GPU time, the path is bound by its API calls
+        const double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_t0).count();
+        if (p->host_us_per_iter != nullptr) {
+            p->host_us_per_iter[k] = host_us / p->n_iter;
         }
         if (rc != PYLLAMA_SO_AR_OK) {
             break;
