@@ -39,6 +39,8 @@ PATHS: tuple[str, ...] = tuple(_llama.ALLREDUCE_PATHS)
 
 ENV_CE = "GGML_CUDA_AR_CE"
 ENV_CE_MIN_BYTES = "GGML_CUDA_AR_CE_MIN_BYTES"
+ENV_CE_CHUNK_BYTES = "GGML_CUDA_AR_CE_CHUNK_BYTES"
+CHUNK_BYTES_RANGE = (64 << 10, 4 << 20)
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,8 @@ def reset_allreduce_stats() -> None:
     _llama.allreduce_stats_reset()
 
 
-def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None = None) -> None:
+def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None = None,
+                        chunk_bytes: int | None = None) -> None:
     """Set the copy-engine knobs for comm contexts created from now on.
 
     Must be called before creating a ``Llama`` (or anything else that builds a ``split_mode="tensor"``
@@ -108,6 +111,8 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
         access), True = force them even with peer access, False = never (upstream routing).
     min_bytes: smallest reduction (bytes of the F32 tensor) that goes to the copy engines; None =
         default (512 KiB); 1 = every reduction.
+    chunk_bytes: bytes per copy-engine copy, a power of two from 64 KiB to 4 MiB; None = default
+        (512 KiB). Smaller chunks start the receiving copies sooner but cost more copies to issue.
     """
     if copy_engines is not None and not isinstance(copy_engines, bool):
         raise TypeError(f"copy_engines must be bool or None, not {type(copy_engines).__name__}")
@@ -116,6 +121,12 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
             raise TypeError(f"min_bytes must be int or None, not {type(min_bytes).__name__}")
         if min_bytes < 1:
             raise ValueError(f"min_bytes must be >= 1, got {min_bytes}")
+    if chunk_bytes is not None:
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int):
+            raise TypeError(f"chunk_bytes must be int or None, not {type(chunk_bytes).__name__}")
+        lo, hi = CHUNK_BYTES_RANGE
+        if not lo <= chunk_bytes <= hi or chunk_bytes & (chunk_bytes - 1):
+            raise ValueError(f"chunk_bytes must be a power of two from {lo} to {hi}, got {chunk_bytes}")
     if copy_engines is None:
         os.environ.pop(ENV_CE, None)
     else:
@@ -124,3 +135,7 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
         os.environ.pop(ENV_CE_MIN_BYTES, None)
     else:
         os.environ[ENV_CE_MIN_BYTES] = str(min_bytes)
+    if chunk_bytes is None:
+        os.environ.pop(ENV_CE_CHUNK_BYTES, None)
+    else:
+        os.environ[ENV_CE_CHUNK_BYTES] = str(chunk_bytes)

@@ -21,7 +21,7 @@ SLOT_ELEMS = 4 * 1024 * 1024 // 2  # one slot (the per-round buffer) in BF16 ele
 MIN_BYTES_DEFAULT = 512 * 1024
 
 KNOBS = ("GGML_CUDA_ALLREDUCE", "GGML_CUDA_AR_CE", "GGML_CUDA_AR_CE_MIN_BYTES", "GGML_CUDA_AR_CE_FAIL_ALLOC",
-         "GGML_CUDA_AR_CE_GRAPH")
+         "GGML_CUDA_AR_CE_GRAPH", "GGML_CUDA_AR_CE_CHUNK_BYTES")
 
 
 needs_two_gpus = pytest.mark.skipif(
@@ -140,8 +140,10 @@ def test_configure_allreduce_sets_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert os.environ["GGML_CUDA_AR_CE"] == "1" and os.environ["GGML_CUDA_AR_CE_MIN_BYTES"] == "1"
     allreduce.configure_allreduce(copy_engines=False)
     assert os.environ["GGML_CUDA_AR_CE"] == "0" and "GGML_CUDA_AR_CE_MIN_BYTES" not in os.environ
+    allreduce.configure_allreduce(chunk_bytes=1 << 20)
+    assert os.environ["GGML_CUDA_AR_CE_CHUNK_BYTES"] == str(1 << 20)
     allreduce.configure_allreduce()
-    assert "GGML_CUDA_AR_CE" not in os.environ
+    assert "GGML_CUDA_AR_CE" not in os.environ and "GGML_CUDA_AR_CE_CHUNK_BYTES" not in os.environ
 
 
 @pytest.mark.parametrize("kwargs, exc", [
@@ -151,6 +153,10 @@ def test_configure_allreduce_sets_env(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"min_bytes": -5}, ValueError),
     ({"min_bytes": 1.5}, TypeError),
     ({"min_bytes": True}, TypeError),
+    ({"chunk_bytes": 3 << 18}, ValueError),
+    ({"chunk_bytes": 32 << 10}, ValueError),
+    ({"chunk_bytes": 8 << 20}, ValueError),
+    ({"chunk_bytes": 1.0}, TypeError),
 ])
 def test_configure_allreduce_validates(monkeypatch: pytest.MonkeyPatch, kwargs: dict, exc: type) -> None:
     for k in KNOBS:
@@ -199,6 +205,21 @@ def test_ce_bitwise(knobs: pytest.MonkeyPatch, n: int, schedule: str) -> None:
     assert st.paths["ce"].calls == 1 and st.paths["ce"].bytes == 4 * n
     assert st.ce_rounds == -(-n // SLOT_ELEMS)
     assert_schedule_ran(schedule, 1, 1)
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+@pytest.mark.parametrize("chunk", [64 << 10, 1 << 20, 4 << 20])
+@pytest.mark.parametrize("n", [3, CHUNK_ELEMS + 7, 3 * SLOT_ELEMS + 12345])
+def test_ce_bitwise_chunk_sizes(knobs: pytest.MonkeyPatch, n: int, chunk: int) -> None:
+    """Other chunk sizes: one chunk per round (4 MiB) up to 64 per round (64 KiB)."""
+    force_ce(knobs, "graph")
+    knobs.setenv("GGML_CUDA_AR_CE_CHUNK_BYTES", str(chunk))
+    a0, a1 = special_data(n, 8), special_data(n, 9)
+    r0, r1 = run_ce(a0, a1, n_iter=1)
+    assert_same_on_both(r0, r1)
+    assert_bitwise(r0, emulate(a0, a1), f"n={n} chunk={chunk}")
+    assert_schedule_ran("graph", 1, 1)
 
 
 @pytest.mark.gpu

@@ -7,6 +7,7 @@ algBW); the reduced F32 tensor is twice as large. For each size it times, in one
 
   ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size), its schedule replayed as a graph
   ce_direct     the same schedule issued call by call (GGML_CUDA_AR_CE_GRAPH=0), for comparison
+  ce_chunk*     the copy-engine path with other chunk sizes (GGML_CUDA_AR_CE_CHUNK_BYTES)
   nccl          NCCL as the machine allows (NVLink/peer access where present)
   nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory (in a child process: NCCL
                 reads the variable once per process)
@@ -35,13 +36,18 @@ DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 # path -> (environment for the comm context, the counter that must move)
 _CE_ENV: dict[str, str | None] = {"GGML_CUDA_ALLREDUCE": None, "GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"}
 _BASE_ENV: dict[str, str | None] = {"GGML_CUDA_AR_CE": "0", "GGML_CUDA_AR_CE_MIN_BYTES": None, "GGML_CUDA_AR_CE_GRAPH": None}
+_CE_ENV["GGML_CUDA_AR_CE_CHUNK_BYTES"] = None
+_BASE_ENV["GGML_CUDA_AR_CE_CHUNK_BYTES"] = None
 PATHS: dict[str, tuple[dict[str, str | None], str]] = {
     "ce": ({**_CE_ENV, "GGML_CUDA_AR_CE_GRAPH": None}, "ce"),
+    "ce_chunk256k": ({**_CE_ENV, "GGML_CUDA_AR_CE_CHUNK_BYTES": str(256 << 10)}, "ce"),
+    "ce_chunk1m": ({**_CE_ENV, "GGML_CUDA_AR_CE_CHUNK_BYTES": str(1 << 20)}, "ce"),
+    "ce_chunk2m": ({**_CE_ENV, "GGML_CUDA_AR_CE_CHUNK_BYTES": str(2 << 20)}, "ce"),
     "ce_direct": ({**_CE_ENV, "GGML_CUDA_AR_CE_GRAPH": "0"}, "ce"),
     "nccl": ({**_BASE_ENV, "GGML_CUDA_ALLREDUCE": "nccl"}, "nccl"),
     "internal": ({**_BASE_ENV, "GGML_CUDA_ALLREDUCE": "internal"}, "internal"),
 }
-ORDER = ("ce", "ce_direct", "nccl", "nccl_nop2p", "internal")
+ORDER = ("ce", "ce_chunk256k", "ce_chunk1m", "ce_chunk2m", "ce_direct", "nccl", "nccl_nop2p", "internal")
 
 
 def parse_size(text: str) -> int:

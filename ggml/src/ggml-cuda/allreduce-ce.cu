@@ -80,16 +80,18 @@ static void ggml_cuda_ce_stats_reset(void) {
 // Configuration
 // ---------------------------------------------------------------------------------------------
 
-static constexpr size_t GGML_CUDA_CE_CHUNK_BYTES       = 512 * 1024;      // one cudaMemcpyAsync
+static constexpr size_t GGML_CUDA_CE_CHUNK_BYTES       = 512 * 1024;      // one copy, by default
+static constexpr size_t GGML_CUDA_CE_CHUNK_BYTES_MIN   = 64 * 1024;
 static constexpr int    GGML_CUDA_CE_N_SLOTS           = 2;
 static constexpr size_t GGML_CUDA_CE_SLOT_BYTES        = 4 * 1024 * 1024; // BF16 bytes per slot and direction
-static constexpr int    GGML_CUDA_CE_SLOT_CHUNKS       = (int) (GGML_CUDA_CE_SLOT_BYTES / GGML_CUDA_CE_CHUNK_BYTES);
+static constexpr int    GGML_CUDA_CE_SLOT_CHUNKS       = (int) (GGML_CUDA_CE_SLOT_BYTES / GGML_CUDA_CE_CHUNK_BYTES_MIN);
 static constexpr int64_t GGML_CUDA_CE_SLOT_ELEMS       = (int64_t) (GGML_CUDA_CE_SLOT_BYTES / sizeof(uint16_t));
 static constexpr size_t GGML_CUDA_CE_VRAM_BYTES        = 2 * GGML_CUDA_CE_N_SLOTS * GGML_CUDA_CE_SLOT_BYTES; // send + recv: 16 MiB
 static constexpr size_t GGML_CUDA_CE_HOST_BYTES        = GGML_CUDA_CE_N_SLOTS * GGML_CUDA_CE_SLOT_BYTES;     // 8 MiB
 static constexpr size_t GGML_CUDA_CE_MIN_BYTES_DEFAULT = 512 * 1024;
 
 static_assert(GGML_CUDA_CE_SLOT_BYTES % GGML_CUDA_CE_CHUNK_BYTES == 0, "a slot must hold whole chunks");
+static_assert(GGML_CUDA_CE_CHUNK_BYTES % GGML_CUDA_CE_CHUNK_BYTES_MIN == 0, "chunk sizes are powers of two");
 
 // GGML_CUDA_AR_CE: -1 auto (unset), 0 off, 1 force.
 static int ggml_cuda_ce_env_mode() {
@@ -126,6 +128,24 @@ static bool ggml_cuda_ce_env_fail_alloc() {
     return v != nullptr && v[0] != '\0' && strcmp(v, "0") != 0;
 }
 
+// GGML_CUDA_AR_CE_CHUNK_BYTES: bytes per copy, a power of two from 64 KiB to the slot size (4 MiB).
+// Smaller chunks start the receiving copies earlier; each chunk costs two copies per GPU to issue.
+static size_t ggml_cuda_ce_env_chunk_bytes() {
+    const char * v = getenv("GGML_CUDA_AR_CE_CHUNK_BYTES");
+    if (v == nullptr || v[0] == '\0') {
+        return GGML_CUDA_CE_CHUNK_BYTES;
+    }
+    char * end = nullptr;
+    const unsigned long long parsed = strtoull(v, &end, 10);
+    if (end == v || *end != '\0' || v[0] == '-' || parsed < GGML_CUDA_CE_CHUNK_BYTES_MIN ||
+            parsed > GGML_CUDA_CE_SLOT_BYTES || (parsed & (parsed - 1)) != 0) {
+        GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE_CHUNK_BYTES=\"%s\" (expected a power of two from %zu to %zu)\n",
+                      __func__, v, GGML_CUDA_CE_CHUNK_BYTES_MIN, GGML_CUDA_CE_SLOT_BYTES);
+        return GGML_CUDA_CE_CHUNK_BYTES;
+    }
+    return (size_t) parsed;
+}
+
 // GGML_CUDA_AR_CE_GRAPH=0: issue the schedule's copies, kernels and events one by one on every call
 // instead of replaying it as a CUDA graph (for comparison and debugging; the results are the same).
 static bool ggml_cuda_ce_env_graph() {
@@ -145,10 +165,10 @@ struct ggml_cuda_ce_args {
 };
 
 enum ggml_cuda_ce_stream_role {
-    GGML_CUDA_CE_CONV, // F32 -> BF16 of our part, chunk by chunk
+    GGML_CUDA_CE_CONV, // F32 -> BF16 of our part: first chunk, then the rest of the round
     GGML_CUDA_CE_SEND, // D2H of our chunks into our pinned slot
     GGML_CUDA_CE_RECV, // H2D of the peer's chunks from its pinned slot
-    GGML_CUDA_CE_ADD,  // part0 + part1 -> tensor, chunk by chunk
+    GGML_CUDA_CE_ADD,  // part0 + part1 -> tensor: all but the last chunk, then the last
     GGML_CUDA_CE_N_ROLES,
 };
 
@@ -161,11 +181,12 @@ struct ggml_cuda_ce_device {
 
     cudaEvent_t ready = nullptr;                        // compute stream: args written, tensor complete
     cudaEvent_t joined[GGML_CUDA_CE_N_ROLES] = {};      // each role stream's end of the schedule
-    // per slot and chunk, the last time each step finished on this device
-    cudaEvent_t conv_ev[GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {};
-    cudaEvent_t d2h_ev [GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {};
-    cudaEvent_t h2d_ev [GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {};
-    cudaEvent_t add_ev [GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {};
+    // per slot: the round's steps on this device; the kernels run in two pieces, [0] and [1]
+    cudaEvent_t conv_ev [GGML_CUDA_CE_N_SLOTS][2] = {};                       // first chunk / whole round converted
+    cudaEvent_t d2h_ev  [GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {}; // chunk in our host slot
+    cudaEvent_t d2h_done[GGML_CUDA_CE_N_SLOTS] = {};                          // send part no longer read
+    cudaEvent_t h2d_ev  [GGML_CUDA_CE_N_SLOTS][2] = {};                       // all but the last / all chunks received
+    cudaEvent_t add_done[GGML_CUDA_CE_N_SLOTS] = {};                          // both parts no longer read
 
     uint16_t * send_part(int slot) const { return (uint16_t *) (vram + (size_t) slot * GGML_CUDA_CE_SLOT_BYTES); }
     uint16_t * recv_part(int slot) const {
@@ -198,6 +219,7 @@ struct ggml_cuda_ce_router {
     size_t min_bytes  = GGML_CUDA_CE_MIN_BYTES_DEFAULT;
     bool   fail_alloc = false;
     bool   use_graphs = true;  // GGML_CUDA_AR_CE_GRAPH
+    size_t chunk_bytes = GGML_CUDA_CE_CHUNK_BYTES; // GGML_CUDA_AR_CE_CHUNK_BYTES
 
     ggml_cuda_ce_state  state = GGML_CUDA_CE_STATE_UNALLOCATED;
     ggml_cuda_ce_device dev[2];
@@ -306,8 +328,10 @@ static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router * r) {
             evs.push_back(&d.joined[k]);
         }
         for (int s = 0; s < GGML_CUDA_CE_N_SLOTS; ++s) {
+            evs.insert(evs.end(), { &d.conv_ev[s][0], &d.conv_ev[s][1], &d.h2d_ev[s][0], &d.h2d_ev[s][1],
+                                    &d.d2h_done[s], &d.add_done[s] });
             for (int c = 0; c < GGML_CUDA_CE_SLOT_CHUNKS; ++c) {
-                evs.insert(evs.end(), { &d.conv_ev[s][c], &d.d2h_ev[s][c], &d.h2d_ev[s][c], &d.add_ev[s][c] });
+                evs.push_back(&d.d2h_ev[s][c]);
             }
         }
         for (cudaEvent_t * ev : evs) {
@@ -346,11 +370,14 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
             GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&ev));
         }
         for (int s = 0; s < GGML_CUDA_CE_N_SLOTS; ++s) {
+            for (int k = 0; k < 2; ++k) {
+                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.conv_ev[s][k]));
+                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.h2d_ev[s][k]));
+            }
+            GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.d2h_done[s]));
+            GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.add_done[s]));
             for (int c = 0; c < GGML_CUDA_CE_SLOT_CHUNKS; ++c) {
-                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.conv_ev[s][c]));
                 GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.d2h_ev[s][c]));
-                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.h2d_ev[s][c]));
-                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.add_ev[s][c]));
             }
         }
         if (d.vram != nullptr) {
@@ -377,18 +404,37 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
     r->state = GGML_CUDA_CE_STATE_READY;
     g_ce_buffer_allocs.fetch_add(1, std::memory_order_relaxed);
     GGML_LOG_INFO("%s: copy-engine AllReduce on devices %d,%d: %zu MiB VRAM + %zu MiB pinned host memory per GPU, "
-                  "reductions from %zu bytes%s\n", __func__, r->dev_ids[0], r->dev_ids[1],
-                  GGML_CUDA_CE_VRAM_BYTES >> 20, GGML_CUDA_CE_HOST_BYTES >> 20, r->min_bytes,
+                  "reductions from %zu bytes, %zu KiB chunks%s\n", __func__, r->dev_ids[0], r->dev_ids[1],
+                  GGML_CUDA_CE_VRAM_BYTES >> 20, GGML_CUDA_CE_HOST_BYTES >> 20, r->min_bytes, r->chunk_bytes >> 10,
                   r->use_graphs ? "" : " (GGML_CUDA_AR_CE_GRAPH=0: no graph replay)");
     return true;
 }
 
+// Converts (kernel [0]) or sums (kernel [1]) chunks [c0, c1) of round `off` on stream st.
+static void ggml_cuda_ce_launch(const ggml_cuda_ce_device & d, const int i, const bool conv, const int s,
+        const int64_t off, const int64_t chunk_elems, const int64_t m, const int c0, const int c1, cudaStream_t st) {
+    const int64_t e0 = c0 * chunk_elems;
+    const int     n  = (int) (std::min(c1 * chunk_elems, m) - e0);
+    if (conv) {
+        ggml_cuda_ce_to_bf16_kernel<<<ggml_cuda_ce_grid(n), 256, 0, st>>>(d.args, off + e0, d.send_part(s) + e0, n);
+    } else {
+        const uint16_t * part0 = (i == 0 ? d.send_part(s) : d.recv_part(s)) + e0;
+        const uint16_t * part1 = (i == 0 ? d.recv_part(s) : d.send_part(s)) + e0;
+        ggml_cuda_ce_add_kernel<<<ggml_cuda_ce_grid(n), 256, 0, st>>>(part0, part1, d.args, off + e0, n);
+    }
+}
+
 // The schedule of one reduction of ne elements, from r->origin back into r->origin. Rounds of at
-// most one slot; slot s = round % 2. Per round and chunk c, on each GPU i (p = peer):
-//   conv: wait own d2h(r-2,c) and add(r-2,c) (they read the send part); convert -> send part
-//   send: wait conv(r,c), peer h2d(r-2,c) (it read our host slot); D2H -> our host slot
-//   recv: wait own add(r-2,c) (it read the recv part), peer d2h(r,c); H2D -> recv part
-//   add:  wait h2d(r,c), conv(r,c); part0 + part1 -> tensor
+// most one slot; slot s = round % 2; n chunks per round. Per round, on each GPU (p = peer):
+//   conv: wait own d2h_done(r-2), add_done(r-2) (they read the send part);
+//         convert chunk 0 -> conv[0]; convert chunks 1..n-1 -> conv[1]
+//   send: per chunk c: wait conv[0] or conv[1] (c = 0, 1) and, once, peer h2d[1](r-2) (it read
+//         our host slot); D2H -> d2h(c); then d2h_done
+//   recv: wait own add_done(r-2) (it read the recv part); per chunk: wait peer d2h(c), H2D;
+//         h2d[0] after chunk n-2, h2d[1] after chunk n-1
+//   add:  wait h2d[0], conv[1]: sum chunks 0..n-2; wait h2d[1]: sum chunk n-1 -> add_done
+// The kernels run in two pieces so that the first copy waits for one chunk's conversion and the
+// last sum covers one chunk; copies are per chunk so that receiving starts one chunk after sending.
 // Every wait is issued after the record it means and before that event is recorded again, and only
 // waits on events recorded by this same schedule, so it can be captured into a graph as it is.
 // Returns the first CUDA error instead of aborting (a capture that is not supported must not abort).
@@ -403,68 +449,81 @@ static cudaError_t ggml_cuda_ce_issue(ggml_cuda_ce_router * r, const int64_t ne)
         }
     }
 
-    const int64_t n_rounds = (ne + GGML_CUDA_CE_SLOT_ELEMS - 1) / GGML_CUDA_CE_SLOT_ELEMS;
-    const int64_t chunk_elems = (int64_t) (GGML_CUDA_CE_CHUNK_BYTES / sizeof(uint16_t));
+    const int64_t n_rounds    = (ne + GGML_CUDA_CE_SLOT_ELEMS - 1) / GGML_CUDA_CE_SLOT_ELEMS;
+    const int64_t chunk_elems = (int64_t) (r->chunk_bytes / sizeof(uint16_t));
     for (int64_t k = 0; k < n_rounds && err == cudaSuccess; ++k) {
         const int     s      = (int) (k % GGML_CUDA_CE_N_SLOTS);
         const bool    reused = k >= GGML_CUDA_CE_N_SLOTS;
         const int64_t off    = k * GGML_CUDA_CE_SLOT_ELEMS;
         const int64_t m      = std::min(GGML_CUDA_CE_SLOT_ELEMS, ne - off);
-        const int     chunks = (int) ((m + chunk_elems - 1) / chunk_elems);
+        const int     n      = (int) ((m + chunk_elems - 1) / chunk_elems);
+        const int     last   = n - 1;
 
         for (int role = 0; role < GGML_CUDA_CE_N_ROLES; ++role) {
-            for (int i = 0; i < 2; ++i) {
+            for (int i = 0; i < 2 && err == cudaSuccess; ++i) {
                 ggml_cuda_ce_device & d  = r->dev[i];
                 ggml_cuda_ce_device & dp = r->dev[1 - i];
                 cudaStream_t st = d.streams[role];
                 ggml_cuda_set_device(d.device);
-                for (int c = 0; c < chunks; ++c) {
-                    const int64_t c_off   = (int64_t) c * chunk_elems;
-                    const int     c_n     = (int) std::min(chunk_elems, m - c_off);
-                    const size_t  c_bytes = (size_t) c_n * sizeof(uint16_t);
-                    switch (role) {
-                        case GGML_CUDA_CE_CONV:
-                            if (reused) {
-                                GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.d2h_ev[s][c], 0));
-                                GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.add_ev[s][c], 0));
-                            }
-                            if (err == cudaSuccess) {
-                                ggml_cuda_ce_to_bf16_kernel<<<ggml_cuda_ce_grid(c_n), 256, 0, st>>>(
-                                    d.args, off + c_off, d.send_part(s) + c_off, c_n);
-                            }
+                switch (role) {
+                    case GGML_CUDA_CE_CONV:
+                        if (reused) {
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.d2h_done[s], 0));
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.add_done[s], 0));
+                        }
+                        ggml_cuda_ce_launch(d, i, true, s, off, chunk_elems, m, 0, 1, st);
+                        GGML_CUDA_CE_TRY(cudaGetLastError());
+                        GGML_CUDA_CE_TRY(cudaEventRecord(d.conv_ev[s][0], st));
+                        if (n > 1) {
+                            ggml_cuda_ce_launch(d, i, true, s, off, chunk_elems, m, 1, n, st);
                             GGML_CUDA_CE_TRY(cudaGetLastError());
-                            GGML_CUDA_CE_TRY(cudaEventRecord(d.conv_ev[s][c], st));
-                            break;
-                        case GGML_CUDA_CE_SEND:
-                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.conv_ev[s][c], 0));
-                            if (reused) {
-                                GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, dp.h2d_ev[s][c], 0));
+                        }
+                        GGML_CUDA_CE_TRY(cudaEventRecord(d.conv_ev[s][1], st));
+                        break;
+                    case GGML_CUDA_CE_SEND:
+                        if (reused) {
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, dp.h2d_ev[s][1], 0));
+                        }
+                        for (int c = 0; c < n; ++c) {
+                            if (c <= 1) {
+                                GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.conv_ev[s][c], 0));
                             }
-                            GGML_CUDA_CE_TRY(cudaMemcpyAsync(d.host_part(s) + c_off * sizeof(uint16_t), d.send_part(s) + c_off,
-                                                             c_bytes, cudaMemcpyDeviceToHost, st));
+                            const int64_t e0 = c * chunk_elems;
+                            const size_t  nb = (size_t) (std::min(chunk_elems, m - e0)) * sizeof(uint16_t);
+                            GGML_CUDA_CE_TRY(cudaMemcpyAsync(d.host_part(s) + e0 * sizeof(uint16_t), d.send_part(s) + e0,
+                                                             nb, cudaMemcpyDeviceToHost, st));
                             GGML_CUDA_CE_TRY(cudaEventRecord(d.d2h_ev[s][c], st));
-                            break;
-                        case GGML_CUDA_CE_RECV:
-                            if (reused) {
-                                GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.add_ev[s][c], 0));
+                        }
+                        GGML_CUDA_CE_TRY(cudaEventRecord(d.d2h_done[s], st));
+                        break;
+                    case GGML_CUDA_CE_RECV:
+                        if (reused) {
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.add_done[s], 0));
+                        }
+                        for (int c = 0; c < n; ++c) {
+                            if (c == last) {
+                                GGML_CUDA_CE_TRY(cudaEventRecord(d.h2d_ev[s][0], st)); // chunks 0..n-2 are in
                             }
                             GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, dp.d2h_ev[s][c], 0));
-                            GGML_CUDA_CE_TRY(cudaMemcpyAsync(d.recv_part(s) + c_off, dp.host_part(s) + c_off * sizeof(uint16_t),
-                                                             c_bytes, cudaMemcpyHostToDevice, st));
-                            GGML_CUDA_CE_TRY(cudaEventRecord(d.h2d_ev[s][c], st));
-                            break;
-                        case GGML_CUDA_CE_ADD: {
-                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.h2d_ev[s][c], 0));
-                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.conv_ev[s][c], 0));
-                            const uint16_t * part0 = (i == 0 ? d.send_part(s) : d.recv_part(s)) + c_off;
-                            const uint16_t * part1 = (i == 0 ? d.recv_part(s) : d.send_part(s)) + c_off;
-                            if (err == cudaSuccess) {
-                                ggml_cuda_ce_add_kernel<<<ggml_cuda_ce_grid(c_n), 256, 0, st>>>(part0, part1, d.args, off + c_off, c_n);
-                            }
+                            const int64_t e0 = c * chunk_elems;
+                            const size_t  nb = (size_t) (std::min(chunk_elems, m - e0)) * sizeof(uint16_t);
+                            GGML_CUDA_CE_TRY(cudaMemcpyAsync(d.recv_part(s) + e0, dp.host_part(s) + e0 * sizeof(uint16_t),
+                                                             nb, cudaMemcpyHostToDevice, st));
+                        }
+                        GGML_CUDA_CE_TRY(cudaEventRecord(d.h2d_ev[s][1], st));
+                        break;
+                    case GGML_CUDA_CE_ADD:
+                        GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.conv_ev[s][1], 0));
+                        if (n > 1) {
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.h2d_ev[s][0], 0));
+                            ggml_cuda_ce_launch(d, i, false, s, off, chunk_elems, m, 0, last, st);
                             GGML_CUDA_CE_TRY(cudaGetLastError());
-                            GGML_CUDA_CE_TRY(cudaEventRecord(d.add_ev[s][c], st));
-                        } break;
-                    }
+                        }
+                        GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.h2d_ev[s][1], 0));
+                        ggml_cuda_ce_launch(d, i, false, s, off, chunk_elems, m, last, n, st);
+                        GGML_CUDA_CE_TRY(cudaGetLastError());
+                        GGML_CUDA_CE_TRY(cudaEventRecord(d.add_done[s], st));
+                        break;
                 }
             }
         }
@@ -640,6 +699,7 @@ ggml_cuda_ce_router * ggml_cuda_ce_router_init(
     r->min_bytes  = ggml_cuda_ce_env_min_bytes();
     r->fail_alloc = ggml_cuda_ce_env_fail_alloc();
     r->use_graphs = ggml_cuda_ce_env_graph();
+    r->chunk_bytes = ggml_cuda_ce_env_chunk_bytes();
 
     const int mode = ggml_cuda_ce_env_mode();
     const char * why = nullptr;
