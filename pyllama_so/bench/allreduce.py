@@ -7,7 +7,8 @@ algBW); the reduced F32 tensor is twice as large. For each size it times, in one
 
   ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size), its schedule replayed as a graph
   ce_direct     the same schedule issued call by call (GGML_CUDA_AR_CE_GRAPH=0), for comparison
-  ce_chunk*     the copy-engine path with other chunk sizes (GGML_CUDA_AR_CE_CHUNK_BYTES)
+  ce_l<L>_c<K>k with --ce-sweep: the copy-engine path with L copy streams per direction
+                (GGML_CUDA_AR_CE_LANES) and K KiB chunks (GGML_CUDA_AR_CE_CHUNK_BYTES)
   nccl          NCCL as the machine allows (NVLink/peer access where present)
   nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory (in a child process: NCCL
                 reads the variable once per process)
@@ -36,18 +37,25 @@ DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 # path -> (environment for the comm context, the counter that must move)
 _CE_ENV: dict[str, str | None] = {"GGML_CUDA_ALLREDUCE": None, "GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"}
 _BASE_ENV: dict[str, str | None] = {"GGML_CUDA_AR_CE": "0", "GGML_CUDA_AR_CE_MIN_BYTES": None, "GGML_CUDA_AR_CE_GRAPH": None}
-_CE_ENV["GGML_CUDA_AR_CE_CHUNK_BYTES"] = None
-_BASE_ENV["GGML_CUDA_AR_CE_CHUNK_BYTES"] = None
+for _env in (_CE_ENV, _BASE_ENV):
+    _env.update({"GGML_CUDA_AR_CE_CHUNK_BYTES": None, "GGML_CUDA_AR_CE_LANES": None})
 PATHS: dict[str, tuple[dict[str, str | None], str]] = {
     "ce": ({**_CE_ENV, "GGML_CUDA_AR_CE_GRAPH": None}, "ce"),
-    "ce_chunk256k": ({**_CE_ENV, "GGML_CUDA_AR_CE_CHUNK_BYTES": str(256 << 10)}, "ce"),
-    "ce_chunk1m": ({**_CE_ENV, "GGML_CUDA_AR_CE_CHUNK_BYTES": str(1 << 20)}, "ce"),
-    "ce_chunk2m": ({**_CE_ENV, "GGML_CUDA_AR_CE_CHUNK_BYTES": str(2 << 20)}, "ce"),
     "ce_direct": ({**_CE_ENV, "GGML_CUDA_AR_CE_GRAPH": "0"}, "ce"),
     "nccl": ({**_BASE_ENV, "GGML_CUDA_ALLREDUCE": "nccl"}, "nccl"),
     "internal": ({**_BASE_ENV, "GGML_CUDA_ALLREDUCE": "internal"}, "internal"),
 }
-ORDER = ("ce", "ce_chunk256k", "ce_chunk1m", "ce_chunk2m", "ce_direct", "nccl", "nccl_nop2p", "internal")
+ORDER = ("ce", "ce_direct", "nccl", "nccl_nop2p", "internal")
+SWEEP_LANES = (1, 2, 4)
+SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048)
+
+
+def sweep_path(lanes: int, chunk_kib: int) -> str:
+    """Registers (once) and returns the copy-engine variant with these lanes and chunk size."""
+    name = f"ce_l{lanes}_c{chunk_kib}k"
+    PATHS.setdefault(name, ({**_CE_ENV, "GGML_CUDA_AR_CE_LANES": str(lanes),
+                             "GGML_CUDA_AR_CE_CHUNK_BYTES": str(chunk_kib << 10)}, "ce"))
+    return name
 
 
 def parse_size(text: str) -> int:
@@ -139,7 +147,10 @@ def cuda_devices() -> list[dict[str, object]]:
 def run(args: argparse.Namespace) -> dict[str, object]:
     results: dict[str, dict[str, object]] = {}
     results["ceiling"] = time_ceiling(args.sizes, args.warmup, args.iters, args.devices)
-    for path in ORDER:
+    order = list(ORDER)
+    if args.ce_sweep:
+        order[1:1] = [sweep_path(lanes, kib) for lanes in SWEEP_LANES for kib in SWEEP_CHUNKS_KIB]
+    for path in order:
         if path == "nccl_nop2p":
             results[path] = time_in_child("nccl", {"NCCL_P2P_DISABLE": "1"}, args)
         else:
@@ -170,7 +181,7 @@ def print_table(report: dict[str, object]) -> None:
     print("| size | path | time (µs) | algBW (GB/s) | vs ceiling | host µs to issue |")
     print("|---:|---|---:|---:|---:|---:|")
     for k, size in enumerate(sizes):
-        for name in ("ceiling", *ORDER):
+        for name in results:
             res = results.get(name, {})
             if "us" not in res:
                 continue
@@ -198,7 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--devices", type=lambda s: tuple(int(x) for x in s.split(",")), default=(0, 1),
                     help="two CUDA device indices (default 0,1)")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON to OUT ('-' = stdout)")
-    ap.add_argument("--worker", choices=sorted(PATHS), help=argparse.SUPPRESS)
+    ap.add_argument("--ce-sweep", action="store_true",
+                    help="also time the copy engines with 1/2/4 copy streams per direction and 256 KiB-2 MiB chunks")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if len(args.devices) != 2 or args.devices[0] == args.devices[1]:
         ap.error("--devices needs two different indices")
@@ -206,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--iters must be >= 1 and --warmup >= 0")
 
     if args.worker:
+        if args.worker not in PATHS:
+            ap.error(f"unknown worker path {args.worker!r}")
         print(json.dumps(time_path(args.worker, args.sizes, args.warmup, args.iters, args.devices)))
         return 0
 
