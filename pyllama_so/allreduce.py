@@ -40,8 +40,6 @@ PATHS: tuple[str, ...] = tuple(_llama.ALLREDUCE_PATHS)
 ENV_CE = "GGML_CUDA_AR_CE"
 ENV_CE_MIN_BYTES = "GGML_CUDA_AR_CE_MIN_BYTES"
 ENV_CE_CHUNK_BYTES = "GGML_CUDA_AR_CE_CHUNK_BYTES"
-ENV_CE_LANES = "GGML_CUDA_AR_CE_LANES"
-MAX_LANES = 4
 CHUNK_BYTES_RANGE = (64 << 10, 4 << 20)
 
 
@@ -103,7 +101,7 @@ def reset_allreduce_stats() -> None:
 
 
 def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None = None,
-                        chunk_bytes: int | None = None, lanes: int | None = None) -> None:
+                        chunk_bytes: int | None = None) -> None:
     """Set the copy-engine knobs for comm contexts created from now on.
 
     Must be called before creating a ``Llama`` (or anything else that builds a ``split_mode="tensor"``
@@ -113,10 +111,9 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
         access), True = force them even with peer access, False = never (upstream routing).
     min_bytes: smallest reduction (bytes of the F32 tensor) that goes to the copy engines; None =
         default (512 KiB); 1 = every reduction.
-    chunk_bytes: bytes per copy-engine copy, a power of two from 64 KiB to 4 MiB; None = default
-        (512 KiB). Smaller chunks start the receiving copies sooner but cost more copies.
-    lanes: copy streams per direction and GPU, 1 to 4; None = default (2). Consecutive chunks go to
-        different streams so that one copy's fixed cost overlaps another's transfer.
+    chunk_bytes: bytes per copy-engine copy, a power of two from 64 KiB to 4 MiB; None = automatic
+        (512 KiB to 2 MiB, about four chunks per reduction). Smaller chunks start the receiving
+        copies sooner but each copy has a fixed cost.
     """
     if copy_engines is not None and not isinstance(copy_engines, bool):
         raise TypeError(f"copy_engines must be bool or None, not {type(copy_engines).__name__}")
@@ -131,11 +128,6 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
         lo, hi = CHUNK_BYTES_RANGE
         if not lo <= chunk_bytes <= hi or chunk_bytes & (chunk_bytes - 1):
             raise ValueError(f"chunk_bytes must be a power of two from {lo} to {hi}, got {chunk_bytes}")
-    if lanes is not None:
-        if isinstance(lanes, bool) or not isinstance(lanes, int):
-            raise TypeError(f"lanes must be int or None, not {type(lanes).__name__}")
-        if not 1 <= lanes <= MAX_LANES:
-            raise ValueError(f"lanes must be from 1 to {MAX_LANES}, got {lanes}")
     if copy_engines is None:
         os.environ.pop(ENV_CE, None)
     else:
@@ -148,7 +140,3 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
         os.environ.pop(ENV_CE_CHUNK_BYTES, None)
     else:
         os.environ[ENV_CE_CHUNK_BYTES] = str(chunk_bytes)
-    if lanes is None:
-        os.environ.pop(ENV_CE_LANES, None)
-    else:
-        os.environ[ENV_CE_LANES] = str(lanes)

@@ -16,13 +16,12 @@ from cuda_devices import cuda_device_count
 import pyllama_so
 from pyllama_so import _llama, allreduce
 
-CHUNK_ELEMS = 512 * 1024 // 2  # one 512 KiB BF16 copy
+CHUNK_ELEMS = 512 * 1024 // 2  # the smallest automatic chunk (512 KiB of BF16)
 SLOT_ELEMS = 4 * 1024 * 1024 // 2  # one slot (the per-round buffer) in BF16 elements
 MIN_BYTES_DEFAULT = 512 * 1024
 
 KNOBS = ("GGML_CUDA_ALLREDUCE", "GGML_CUDA_AR_CE", "GGML_CUDA_AR_CE_MIN_BYTES", "GGML_CUDA_AR_CE_FAIL_ALLOC",
-         "GGML_CUDA_AR_CE_GRAPH", "GGML_CUDA_AR_CE_CHUNK_BYTES",
-         "GGML_CUDA_AR_CE_LANES")
+         "GGML_CUDA_AR_CE_GRAPH", "GGML_CUDA_AR_CE_CHUNK_BYTES")
 
 
 needs_two_gpus = pytest.mark.skipif(
@@ -141,8 +140,8 @@ def test_configure_allreduce_sets_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert os.environ["GGML_CUDA_AR_CE"] == "1" and os.environ["GGML_CUDA_AR_CE_MIN_BYTES"] == "1"
     allreduce.configure_allreduce(copy_engines=False)
     assert os.environ["GGML_CUDA_AR_CE"] == "0" and "GGML_CUDA_AR_CE_MIN_BYTES" not in os.environ
-    allreduce.configure_allreduce(chunk_bytes=1 << 20, lanes=4)
-    assert os.environ["GGML_CUDA_AR_CE_CHUNK_BYTES"] == str(1 << 20) and os.environ["GGML_CUDA_AR_CE_LANES"] == "4"
+    allreduce.configure_allreduce(chunk_bytes=1 << 20)
+    assert os.environ["GGML_CUDA_AR_CE_CHUNK_BYTES"] == str(1 << 20)
     allreduce.configure_allreduce()
     assert not any(k in os.environ for k in KNOBS)
 
@@ -158,9 +157,6 @@ def test_configure_allreduce_sets_env(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"chunk_bytes": 32 << 10}, ValueError),
     ({"chunk_bytes": 8 << 20}, ValueError),
     ({"chunk_bytes": 1.0}, TypeError),
-    ({"lanes": 0}, ValueError),
-    ({"lanes": 5}, ValueError),
-    ({"lanes": "2"}, TypeError),
 ])
 def test_configure_allreduce_validates(monkeypatch: pytest.MonkeyPatch, kwargs: dict, exc: type) -> None:
     for k in KNOBS:
@@ -213,14 +209,12 @@ def test_ce_bitwise(knobs: pytest.MonkeyPatch, n: int, schedule: str) -> None:
 
 @pytest.mark.gpu
 @needs_two_gpus
-@pytest.mark.parametrize("lanes", [1, 3, 4])
 @pytest.mark.parametrize("chunk", [64 << 10, 1 << 20, 4 << 20])
 @pytest.mark.parametrize("n", [3, CHUNK_ELEMS + 7, 3 * SLOT_ELEMS + 12345])
-def test_ce_bitwise_chunk_sizes(knobs: pytest.MonkeyPatch, n: int, chunk: int, lanes: int) -> None:
-    """Other chunk sizes (one chunk per round with 4 MiB, 64 per round with 64 KiB) and copy lanes."""
+def test_ce_bitwise_fixed_chunk_sizes(knobs: pytest.MonkeyPatch, n: int, chunk: int) -> None:
+    """Fixed chunk sizes: one chunk per round (4 MiB) up to 64 per round (64 KiB)."""
     force_ce(knobs, "graph")
     knobs.setenv("GGML_CUDA_AR_CE_CHUNK_BYTES", str(chunk))
-    knobs.setenv("GGML_CUDA_AR_CE_LANES", str(lanes))
     a0, a1 = special_data(n, 8), special_data(n, 9)
     r0, r1 = run_ce(a0, a1, n_iter=1)
     assert_same_on_both(r0, r1)

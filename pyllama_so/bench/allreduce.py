@@ -7,8 +7,8 @@ algBW); the reduced F32 tensor is twice as large. For each size it times, in one
 
   ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size), its schedule replayed as a graph
   ce_direct     the same schedule issued call by call (GGML_CUDA_AR_CE_GRAPH=0), for comparison
-  ce_l<L>_c<K>k with --ce-sweep: the copy-engine path with L copy streams per direction
-                (GGML_CUDA_AR_CE_LANES) and K KiB chunks (GGML_CUDA_AR_CE_CHUNK_BYTES)
+  ce_c<K>k      with --ce-sweep: the copy-engine path with a fixed chunk of K KiB
+                (GGML_CUDA_AR_CE_CHUNK_BYTES) instead of the automatic 512 KiB-2 MiB
   nccl          NCCL as the machine allows (NVLink/peer access where present)
   nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory (in a child process: NCCL
                 reads the variable once per process)
@@ -38,7 +38,7 @@ DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 _CE_ENV: dict[str, str | None] = {"GGML_CUDA_ALLREDUCE": None, "GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"}
 _BASE_ENV: dict[str, str | None] = {"GGML_CUDA_AR_CE": "0", "GGML_CUDA_AR_CE_MIN_BYTES": None, "GGML_CUDA_AR_CE_GRAPH": None}
 for _env in (_CE_ENV, _BASE_ENV):
-    _env.update({"GGML_CUDA_AR_CE_CHUNK_BYTES": None, "GGML_CUDA_AR_CE_LANES": None})
+    _env["GGML_CUDA_AR_CE_CHUNK_BYTES"] = None
 PATHS: dict[str, tuple[dict[str, str | None], str]] = {
     "ce": ({**_CE_ENV, "GGML_CUDA_AR_CE_GRAPH": None}, "ce"),
     "ce_direct": ({**_CE_ENV, "GGML_CUDA_AR_CE_GRAPH": "0"}, "ce"),
@@ -46,15 +46,13 @@ PATHS: dict[str, tuple[dict[str, str | None], str]] = {
     "internal": ({**_BASE_ENV, "GGML_CUDA_ALLREDUCE": "internal"}, "internal"),
 }
 ORDER = ("ce", "ce_direct", "nccl", "nccl_nop2p", "internal")
-SWEEP_LANES = (1, 2, 4)
-SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048)
+SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
 
 
-def sweep_path(lanes: int, chunk_kib: int) -> str:
-    """Registers (once) and returns the copy-engine variant with these lanes and chunk size."""
-    name = f"ce_l{lanes}_c{chunk_kib}k"
-    PATHS.setdefault(name, ({**_CE_ENV, "GGML_CUDA_AR_CE_LANES": str(lanes),
-                             "GGML_CUDA_AR_CE_CHUNK_BYTES": str(chunk_kib << 10)}, "ce"))
+def sweep_path(chunk_kib: int) -> str:
+    """Registers (once) and returns the copy-engine variant with this fixed chunk size."""
+    name = f"ce_c{chunk_kib}k"
+    PATHS.setdefault(name, ({**_CE_ENV, "GGML_CUDA_AR_CE_CHUNK_BYTES": str(chunk_kib << 10)}, "ce"))
     return name
 
 
@@ -149,7 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     results["ceiling"] = time_ceiling(args.sizes, args.warmup, args.iters, args.devices)
     order = list(ORDER)
     if args.ce_sweep:
-        order[1:1] = [sweep_path(lanes, kib) for lanes in SWEEP_LANES for kib in SWEEP_CHUNKS_KIB]
+        order[1:1] = [sweep_path(kib) for kib in SWEEP_CHUNKS_KIB]
     for path in order:
         if path == "nccl_nop2p":
             results[path] = time_in_child("nccl", {"NCCL_P2P_DISABLE": "1"}, args)
@@ -210,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="two CUDA device indices (default 0,1)")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON to OUT ('-' = stdout)")
     ap.add_argument("--ce-sweep", action="store_true",
-                    help="also time the copy engines with 1/2/4 copy streams per direction and 256 KiB-2 MiB chunks")
+                    help="also time the copy engines with fixed chunks of 256 KiB to 4 MiB")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if len(args.devices) != 2 or args.devices[0] == args.devices[1]:

@@ -2,8 +2,8 @@
 //
 // Without peer access, NCCL and the internal pipeline move data through host memory with SMs.
 // Here the copy engines do it: each GPU converts its F32 part to BF16, copies it to pinned host
-// memory in 512 KiB chunks on its send stream, and on its receive stream copies the peer's chunks
-// back as soon as each has landed. A small kernel then adds the two BF16 values in F32, always as
+// memory in chunks (512 KiB to 2 MiB, see ggml_cuda_ce_chunk_bytes) on its send stream, and on its
+// receive stream copies the peer's chunks back as soon as each has landed. A small kernel then adds the two BF16 values in F32, always as
 // part0 + part1, so both GPUs hold bit-identical results. Conversion and sum run per chunk too, so
 // the first chunk is on the link after one chunk's conversion and the last is summed right after it lands.
 //
@@ -80,8 +80,9 @@ static void ggml_cuda_ce_stats_reset(void) {
 // Configuration
 // ---------------------------------------------------------------------------------------------
 
-static constexpr size_t GGML_CUDA_CE_CHUNK_BYTES       = 512 * 1024;      // one copy, by default
-static constexpr size_t GGML_CUDA_CE_CHUNK_BYTES_MIN   = 64 * 1024;
+static constexpr size_t GGML_CUDA_CE_CHUNK_BYTES_MIN   = 64 * 1024;       // GGML_CUDA_AR_CE_CHUNK_BYTES range
+static constexpr size_t GGML_CUDA_CE_CHUNK_AUTO_MIN    = 512 * 1024;      // automatic chunk size range
+static constexpr size_t GGML_CUDA_CE_CHUNK_AUTO_MAX    = 2 * 1024 * 1024;
 static constexpr int    GGML_CUDA_CE_N_SLOTS           = 2;
 static constexpr size_t GGML_CUDA_CE_SLOT_BYTES        = 4 * 1024 * 1024; // BF16 bytes per slot and direction
 static constexpr int    GGML_CUDA_CE_SLOT_CHUNKS       = (int) (GGML_CUDA_CE_SLOT_BYTES / GGML_CUDA_CE_CHUNK_BYTES_MIN);
@@ -90,8 +91,7 @@ static constexpr size_t GGML_CUDA_CE_VRAM_BYTES        = 2 * GGML_CUDA_CE_N_SLOT
 static constexpr size_t GGML_CUDA_CE_HOST_BYTES        = GGML_CUDA_CE_N_SLOTS * GGML_CUDA_CE_SLOT_BYTES;     // 8 MiB
 static constexpr size_t GGML_CUDA_CE_MIN_BYTES_DEFAULT = 512 * 1024;
 
-static_assert(GGML_CUDA_CE_SLOT_BYTES % GGML_CUDA_CE_CHUNK_BYTES == 0, "a slot must hold whole chunks");
-static_assert(GGML_CUDA_CE_CHUNK_BYTES % GGML_CUDA_CE_CHUNK_BYTES_MIN == 0, "chunk sizes are powers of two");
+static_assert(GGML_CUDA_CE_SLOT_BYTES % GGML_CUDA_CE_CHUNK_AUTO_MAX == 0, "a slot must hold whole chunks");
 
 // GGML_CUDA_AR_CE: -1 auto (unset), 0 off, 1 force.
 static int ggml_cuda_ce_env_mode() {
@@ -128,12 +128,12 @@ static bool ggml_cuda_ce_env_fail_alloc() {
     return v != nullptr && v[0] != '\0' && strcmp(v, "0") != 0;
 }
 
-// GGML_CUDA_AR_CE_CHUNK_BYTES: bytes per copy, a power of two from 64 KiB to the slot size (4 MiB).
-// Smaller chunks start the receiving copies earlier; each chunk costs two copies per GPU to issue.
+// GGML_CUDA_AR_CE_CHUNK_BYTES: bytes per copy, a power of two from 64 KiB to the slot size (4 MiB);
+// 0 (unset): automatic, see ggml_cuda_ce_chunk_bytes.
 static size_t ggml_cuda_ce_env_chunk_bytes() {
     const char * v = getenv("GGML_CUDA_AR_CE_CHUNK_BYTES");
     if (v == nullptr || v[0] == '\0') {
-        return GGML_CUDA_CE_CHUNK_BYTES;
+        return 0;
     }
     char * end = nullptr;
     const unsigned long long parsed = strtoull(v, &end, 10);
@@ -141,26 +141,24 @@ static size_t ggml_cuda_ce_env_chunk_bytes() {
             parsed > GGML_CUDA_CE_SLOT_BYTES || (parsed & (parsed - 1)) != 0) {
         GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE_CHUNK_BYTES=\"%s\" (expected a power of two from %zu to %zu)\n",
                       __func__, v, GGML_CUDA_CE_CHUNK_BYTES_MIN, GGML_CUDA_CE_SLOT_BYTES);
-        return GGML_CUDA_CE_CHUNK_BYTES;
+        return 0;
     }
     return (size_t) parsed;
 }
 
-// GGML_CUDA_AR_CE_LANES: copy streams per direction and GPU (1..4). Consecutive chunks go to
-// different streams, so that one copy's fixed cost (about 5 µs on H200) overlaps another's transfer.
-static constexpr int GGML_CUDA_CE_MAX_LANES     = 4;
-static constexpr int GGML_CUDA_CE_LANES_DEFAULT = 2;
-
-static int ggml_cuda_ce_env_lanes() {
-    const char * v = getenv("GGML_CUDA_AR_CE_LANES");
-    if (v == nullptr || v[0] == '\0') {
-        return GGML_CUDA_CE_LANES_DEFAULT;
+// Bytes per copy for a reduction of `wire_bytes` (BF16). Receiving starts one chunk after sending,
+// so small chunks shorten that lag; but each copy also costs about 5 µs of its own on H200 (measured:
+// 16 copies of 512 KiB move 8 MiB in about 1.25x the time of 4 copies of 2 MiB). About four chunks
+// per reduction, from 512 KiB to 2 MiB, was the best trade-off in the chunk-size sweep (docs/benchmarks.md).
+static size_t ggml_cuda_ce_chunk_bytes(const size_t fixed, const size_t wire_bytes) {
+    if (fixed != 0) {
+        return fixed;
     }
-    if (v[1] != '\0' || v[0] < '1' || v[0] > '0' + GGML_CUDA_CE_MAX_LANES) {
-        GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE_LANES=\"%s\" (expected 1 to %d)\n", __func__, v, GGML_CUDA_CE_MAX_LANES);
-        return GGML_CUDA_CE_LANES_DEFAULT;
+    size_t chunk = GGML_CUDA_CE_CHUNK_AUTO_MIN;
+    while (chunk < GGML_CUDA_CE_CHUNK_AUTO_MAX && 4 * (2 * chunk) <= wire_bytes) {
+        chunk *= 2;
     }
-    return v[0] - '0';
+    return chunk;
 }
 
 // GGML_CUDA_AR_CE_GRAPH=0: issue the schedule's copies, kernels and events one by one on every call
@@ -181,29 +179,28 @@ struct ggml_cuda_ce_args {
     float *       dst;
 };
 
-// Streams of one GPU: the two kernels, then `lanes` streams for each copy direction.
 enum ggml_cuda_ce_stream_role {
-    GGML_CUDA_CE_CONV,  // F32 -> BF16 of our part: first chunk, then the rest of the round
-    GGML_CUDA_CE_ADD,   // part0 + part1 -> tensor: all but the last chunk, then the last
-    GGML_CUDA_CE_SEND0, // D2H of our chunks into our pinned slot, chunk c on SEND0 + c % lanes
+    GGML_CUDA_CE_CONV, // F32 -> BF16 of our part: first chunk, then the rest of the round
+    GGML_CUDA_CE_SEND, // D2H of our chunks into our pinned slot
+    GGML_CUDA_CE_RECV, // H2D of the peer's chunks from its pinned slot
+    GGML_CUDA_CE_ADD,  // part0 + part1 -> tensor: all but the last chunk, then the last
+    GGML_CUDA_CE_N_ROLES,
 };
-static constexpr int GGML_CUDA_CE_MAX_STREAMS = 2 + 2 * GGML_CUDA_CE_MAX_LANES; // then RECV0 = SEND0 + lanes
 
 struct ggml_cuda_ce_device {
     int                 device = -1;
-    cudaStream_t        streams[GGML_CUDA_CE_MAX_STREAMS] = {};
+    cudaStream_t        streams[GGML_CUDA_CE_N_ROLES] = {};
     char *              vram   = nullptr; // [slot] send part, [slot] recv part (BF16), then the args
     char *              host   = nullptr; // pinned, portable: [slot] our part, read by the peer
     ggml_cuda_ce_args * args   = nullptr; // in vram
 
-    cudaEvent_t ready = nullptr;                         // compute stream: args written, tensor complete
-    cudaEvent_t joined[GGML_CUDA_CE_MAX_STREAMS] = {};   // each stream's end of the schedule
+    cudaEvent_t ready = nullptr;                        // compute stream: args written, tensor complete
+    cudaEvent_t joined[GGML_CUDA_CE_N_ROLES] = {};      // each stream's end of the schedule
     // per slot: the round's steps on this device; the kernels run in two pieces, [0] and [1]
     cudaEvent_t conv_ev [GGML_CUDA_CE_N_SLOTS][2] = {};                        // first chunk / whole round converted
     cudaEvent_t d2h_ev  [GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {};  // chunk in our host slot
-    cudaEvent_t d2h_lane[GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_MAX_LANES] = {};   // lane done reading the send part
-    cudaEvent_t h2d_lane[GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_MAX_LANES] = {};   // lane's chunks but the last received
-    cudaEvent_t h2d_last[GGML_CUDA_CE_N_SLOTS] = {};                           // the last chunk received
+    cudaEvent_t d2h_done[GGML_CUDA_CE_N_SLOTS] = {};                           // send part no longer read
+    cudaEvent_t h2d_ev  [GGML_CUDA_CE_N_SLOTS][2] = {};                        // all but the last / all chunks received
     cudaEvent_t add_done[GGML_CUDA_CE_N_SLOTS] = {};                           // both parts no longer read
 
     uint16_t * send_part(int slot) const { return (uint16_t *) (vram + (size_t) slot * GGML_CUDA_CE_SLOT_BYTES); }
@@ -237,8 +234,7 @@ struct ggml_cuda_ce_router {
     size_t min_bytes  = GGML_CUDA_CE_MIN_BYTES_DEFAULT;
     bool   fail_alloc = false;
     bool   use_graphs = true;  // GGML_CUDA_AR_CE_GRAPH
-    size_t chunk_bytes = GGML_CUDA_CE_CHUNK_BYTES; // GGML_CUDA_AR_CE_CHUNK_BYTES
-    int    lanes       = GGML_CUDA_CE_LANES_DEFAULT; // GGML_CUDA_AR_CE_LANES
+    size_t chunk_bytes = 0;    // GGML_CUDA_AR_CE_CHUNK_BYTES; 0: automatic
 
     ggml_cuda_ce_state  state = GGML_CUDA_CE_STATE_UNALLOCATED;
     ggml_cuda_ce_device dev[2];
@@ -347,10 +343,8 @@ static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router * r) {
             evs.push_back(&ev);
         }
         for (int s = 0; s < GGML_CUDA_CE_N_SLOTS; ++s) {
-            evs.insert(evs.end(), { &d.conv_ev[s][0], &d.conv_ev[s][1], &d.h2d_last[s], &d.add_done[s] });
-            for (int l = 0; l < GGML_CUDA_CE_MAX_LANES; ++l) {
-                evs.insert(evs.end(), { &d.d2h_lane[s][l], &d.h2d_lane[s][l] });
-            }
+            evs.insert(evs.end(), { &d.conv_ev[s][0], &d.conv_ev[s][1], &d.h2d_ev[s][0], &d.h2d_ev[s][1],
+                                    &d.d2h_done[s], &d.add_done[s] });
             for (int c = 0; c < GGML_CUDA_CE_SLOT_CHUNKS; ++c) {
                 evs.push_back(&d.d2h_ev[s][c]);
             }
@@ -383,8 +377,8 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
         GGML_CUDA_CE_TRY(cudaMalloc((void **) &d.vram, GGML_CUDA_CE_VRAM_ALLOC));
         // portable: the peer GPU copies from it too
         GGML_CUDA_CE_TRY(cudaHostAlloc((void **) &d.host, GGML_CUDA_CE_HOST_BYTES, cudaHostAllocPortable));
-        for (int k = 0; k < GGML_CUDA_CE_SEND0 + 2 * r->lanes; ++k) {
-            GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&d.streams[k], cudaStreamNonBlocking));
+        for (cudaStream_t & st : d.streams) {
+            GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
         }
         GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.ready));
         for (cudaEvent_t & ev : d.joined) {
@@ -393,12 +387,9 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
         for (int s = 0; s < GGML_CUDA_CE_N_SLOTS; ++s) {
             for (int k = 0; k < 2; ++k) {
                 GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.conv_ev[s][k]));
+                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.h2d_ev[s][k]));
             }
-            for (int l = 0; l < GGML_CUDA_CE_MAX_LANES; ++l) {
-                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.d2h_lane[s][l]));
-                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.h2d_lane[s][l]));
-            }
-            GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.h2d_last[s]));
+            GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.d2h_done[s]));
             GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.add_done[s]));
             for (int c = 0; c < GGML_CUDA_CE_SLOT_CHUNKS; ++c) {
                 GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.d2h_ev[s][c]));
@@ -428,9 +419,9 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
     r->state = GGML_CUDA_CE_STATE_READY;
     g_ce_buffer_allocs.fetch_add(1, std::memory_order_relaxed);
     GGML_LOG_INFO("%s: copy-engine AllReduce on devices %d,%d: %zu MiB VRAM + %zu MiB pinned host memory per GPU, "
-                  "reductions from %zu bytes, %zu KiB chunks on %d copy streams per direction%s\n", __func__,
+                  "reductions from %zu bytes, chunks of %s%s\n", __func__,
                   r->dev_ids[0], r->dev_ids[1], GGML_CUDA_CE_VRAM_BYTES >> 20, GGML_CUDA_CE_HOST_BYTES >> 20,
-                  r->min_bytes, r->chunk_bytes >> 10, r->lanes,
+                  r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "512 KiB to 2 MiB by size",
                   r->use_graphs ? "" : " (GGML_CUDA_AR_CE_GRAPH=0: no graph replay)");
     return true;
 }
@@ -450,15 +441,15 @@ static void ggml_cuda_ce_launch(const ggml_cuda_ce_device & d, const int i, cons
 }
 
 // The schedule of one reduction of ne elements, forked from and joined back into `origin` (on
-// dev[0]). Rounds of at most one slot; slot s = round % 2; n chunks per round, chunk c on copy
-// lane c % lanes. Per round, on each GPU (p = peer):
-//   conv: wait own d2h_lane(r-2), add_done(r-2) (they read the send part);
+// dev[0]). Rounds of at most one slot; slot s = round % 2; n chunks per round. Per round, on each
+// GPU (p = peer):
+//   conv: wait own d2h_done(r-2), add_done(r-2) (they read the send part);
 //         convert chunk 0 -> conv[0]; convert chunks 1..n-1 -> conv[1]
-//   send: per chunk: wait conv[0] (chunk 0) or conv[1], and per lane once peer add_done(r-2)
-//         (after it the peer has read our host slot); D2H -> d2h(c); per lane d2h_lane
-//   recv: per lane once own add_done(r-2) (it read the recv part); per chunk: wait peer d2h(c),
-//         H2D; per lane h2d_lane before the round's last chunk, h2d_last after it
-//   add:  wait conv[1], every h2d_lane: sum chunks 0..n-2; wait h2d_last: sum chunk n-1 -> add_done
+//   send: wait peer add_done(r-2) (after it the peer has read our host slot); per chunk: wait
+//         conv[0] (chunk 0) or conv[1] (chunk 1), D2H -> d2h(c); then d2h_done
+//   recv: wait own add_done(r-2) (it read the recv part); per chunk: wait peer d2h(c), H2D;
+//         h2d[0] before the last chunk, h2d[1] after it
+//   add:  wait conv[1], h2d[0]: sum chunks 0..n-2; wait h2d[1]: sum chunk n-1 -> add_done
 // The kernels run in two pieces so that the first copy waits for one chunk's conversion and the
 // last sum covers one chunk; copies are per chunk so that receiving starts one chunk after sending.
 // Every wait is issued after the record it means and before that event is recorded again, and only
@@ -466,20 +457,17 @@ static void ggml_cuda_ce_launch(const ggml_cuda_ce_device & d, const int i, cons
 // Returns the first CUDA error instead of aborting (a capture that is not supported must not abort).
 static cudaError_t ggml_cuda_ce_issue(ggml_cuda_ce_router * r, const int64_t ne, cudaStream_t origin) {
     cudaError_t err = cudaSuccess;
-    const int lanes     = r->lanes;
-    const int n_streams = GGML_CUDA_CE_SEND0 + 2 * lanes;
-    const int recv0     = GGML_CUDA_CE_SEND0 + lanes;
     ggml_cuda_set_device(r->dev_ids[0]);
     GGML_CUDA_CE_TRY(cudaEventRecord(r->fork, origin));
     for (int i = 0; i < 2; ++i) {
         ggml_cuda_set_device(r->dev[i].device);
-        for (int k = 0; k < n_streams; ++k) {
-            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(r->dev[i].streams[k], r->fork, 0));
+        for (cudaStream_t st : r->dev[i].streams) {
+            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, r->fork, 0));
         }
     }
 
     const int64_t n_rounds    = (ne + GGML_CUDA_CE_SLOT_ELEMS - 1) / GGML_CUDA_CE_SLOT_ELEMS;
-    const int64_t chunk_elems = (int64_t) (r->chunk_bytes / sizeof(uint16_t));
+    const int64_t chunk_elems = (int64_t) (ggml_cuda_ce_chunk_bytes(r->chunk_bytes, (size_t) ne * sizeof(uint16_t)) / sizeof(uint16_t));
     for (int64_t k = 0; k < n_rounds && err == cudaSuccess; ++k) {
         const int     s      = (int) (k % GGML_CUDA_CE_N_SLOTS);
         const bool    reused = k >= GGML_CUDA_CE_N_SLOTS;
@@ -490,103 +478,83 @@ static cudaError_t ggml_cuda_ce_issue(ggml_cuda_ce_router * r, const int64_t ne,
         auto chunk_bytes = [&](int c) { return (size_t) std::min(chunk_elems, m - c * chunk_elems) * sizeof(uint16_t); };
         auto chunk_host  = [&](const ggml_cuda_ce_device & d, int c) { return d.host_part(s) + c * chunk_elems * sizeof(uint16_t); };
 
-        // conv
-        for (int i = 0; i < 2; ++i) {
-            ggml_cuda_ce_device & d = r->dev[i];
-            cudaStream_t st = d.streams[GGML_CUDA_CE_CONV];
-            ggml_cuda_set_device(d.device);
-            if (reused) {
-                for (int l = 0; l < lanes; ++l) {
-                    GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.d2h_lane[s][l], 0));
-                }
-                GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.add_done[s], 0));
-            }
-            ggml_cuda_ce_launch(d, i, true, s, off, chunk_elems, m, 0, 1, st);
-            GGML_CUDA_CE_TRY(cudaGetLastError());
-            GGML_CUDA_CE_TRY(cudaEventRecord(d.conv_ev[s][0], st));
-            if (n > 1) {
-                ggml_cuda_ce_launch(d, i, true, s, off, chunk_elems, m, 1, n, st);
-                GGML_CUDA_CE_TRY(cudaGetLastError());
-            }
-            GGML_CUDA_CE_TRY(cudaEventRecord(d.conv_ev[s][1], st));
-        }
-        // send
-        for (int i = 0; i < 2; ++i) {
-            ggml_cuda_ce_device & d  = r->dev[i];
-            ggml_cuda_ce_device & dp = r->dev[1 - i];
-            ggml_cuda_set_device(d.device);
-            for (int l = 0; l < lanes; ++l) {
-                cudaStream_t st = d.streams[GGML_CUDA_CE_SEND0 + l];
-                if (reused) {
-                    GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, dp.add_done[s], 0));
-                }
-                for (int c = l; c < n; c += lanes) {
-                    GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.conv_ev[s][c == 0 ? 0 : 1], 0));
-                    GGML_CUDA_CE_TRY(cudaMemcpyAsync(chunk_host(d, c), d.send_part(s) + c * chunk_elems, chunk_bytes(c),
-                                                     cudaMemcpyDeviceToHost, st));
-                    GGML_CUDA_CE_TRY(cudaEventRecord(d.d2h_ev[s][c], st));
-                }
-                GGML_CUDA_CE_TRY(cudaEventRecord(d.d2h_lane[s][l], st));
-            }
-        }
-        // recv
-        for (int i = 0; i < 2; ++i) {
-            ggml_cuda_ce_device & d  = r->dev[i];
-            ggml_cuda_ce_device & dp = r->dev[1 - i];
-            ggml_cuda_set_device(d.device);
-            for (int l = 0; l < lanes; ++l) {
-                cudaStream_t st = d.streams[recv0 + l];
-                if (reused) {
-                    GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.add_done[s], 0));
-                }
-                for (int c = l; c < n; c += lanes) {
-                    if (c == last) {
+        for (int role = 0; role < GGML_CUDA_CE_N_ROLES; ++role) {
+            for (int i = 0; i < 2 && err == cudaSuccess; ++i) {
+                ggml_cuda_ce_device & d  = r->dev[i];
+                ggml_cuda_ce_device & dp = r->dev[1 - i];
+                cudaStream_t st = d.streams[role];
+                ggml_cuda_set_device(d.device);
+                switch (role) {
+                    case GGML_CUDA_CE_CONV:
+                        if (reused) {
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.d2h_done[s], 0));
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.add_done[s], 0));
+                        }
+                        ggml_cuda_ce_launch(d, i, true, s, off, chunk_elems, m, 0, 1, st);
+                        GGML_CUDA_CE_TRY(cudaGetLastError());
+                        GGML_CUDA_CE_TRY(cudaEventRecord(d.conv_ev[s][0], st));
+                        if (n > 1) {
+                            ggml_cuda_ce_launch(d, i, true, s, off, chunk_elems, m, 1, n, st);
+                            GGML_CUDA_CE_TRY(cudaGetLastError());
+                        }
+                        GGML_CUDA_CE_TRY(cudaEventRecord(d.conv_ev[s][1], st));
                         break;
-                    }
-                    GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, dp.d2h_ev[s][c], 0));
-                    GGML_CUDA_CE_TRY(cudaMemcpyAsync(d.recv_part(s) + c * chunk_elems, chunk_host(dp, c), chunk_bytes(c),
-                                                     cudaMemcpyHostToDevice, st));
-                }
-                GGML_CUDA_CE_TRY(cudaEventRecord(d.h2d_lane[s][l], st));
-                if (last % lanes == l) {
-                    GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, dp.d2h_ev[s][last], 0));
-                    GGML_CUDA_CE_TRY(cudaMemcpyAsync(d.recv_part(s) + last * chunk_elems, chunk_host(dp, last),
-                                                     chunk_bytes(last), cudaMemcpyHostToDevice, st));
-                    GGML_CUDA_CE_TRY(cudaEventRecord(d.h2d_last[s], st));
+                    case GGML_CUDA_CE_SEND:
+                        if (reused) {
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, dp.add_done[s], 0));
+                        }
+                        for (int c = 0; c < n; ++c) {
+                            if (c <= 1) {
+                                GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.conv_ev[s][c], 0));
+                            }
+                            GGML_CUDA_CE_TRY(cudaMemcpyAsync(chunk_host(d, c), d.send_part(s) + c * chunk_elems, chunk_bytes(c),
+                                                             cudaMemcpyDeviceToHost, st));
+                            GGML_CUDA_CE_TRY(cudaEventRecord(d.d2h_ev[s][c], st));
+                        }
+                        GGML_CUDA_CE_TRY(cudaEventRecord(d.d2h_done[s], st));
+                        break;
+                    case GGML_CUDA_CE_RECV:
+                        if (reused) {
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.add_done[s], 0));
+                        }
+                        for (int c = 0; c < n; ++c) {
+                            if (c == last) {
+                                GGML_CUDA_CE_TRY(cudaEventRecord(d.h2d_ev[s][0], st)); // chunks 0..n-2 are in
+                            }
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, dp.d2h_ev[s][c], 0));
+                            GGML_CUDA_CE_TRY(cudaMemcpyAsync(d.recv_part(s) + c * chunk_elems, chunk_host(dp, c), chunk_bytes(c),
+                                                             cudaMemcpyHostToDevice, st));
+                        }
+                        GGML_CUDA_CE_TRY(cudaEventRecord(d.h2d_ev[s][1], st));
+                        break;
+                    case GGML_CUDA_CE_ADD:
+                        GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.conv_ev[s][1], 0));
+                        if (n > 1) {
+                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.h2d_ev[s][0], 0));
+                            ggml_cuda_ce_launch(d, i, false, s, off, chunk_elems, m, 0, last, st);
+                            GGML_CUDA_CE_TRY(cudaGetLastError());
+                        }
+                        GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.h2d_ev[s][1], 0));
+                        ggml_cuda_ce_launch(d, i, false, s, off, chunk_elems, m, last, n, st);
+                        GGML_CUDA_CE_TRY(cudaGetLastError());
+                        GGML_CUDA_CE_TRY(cudaEventRecord(d.add_done[s], st));
+                        break;
                 }
             }
-        }
-        // add
-        for (int i = 0; i < 2; ++i) {
-            ggml_cuda_ce_device & d = r->dev[i];
-            cudaStream_t st = d.streams[GGML_CUDA_CE_ADD];
-            ggml_cuda_set_device(d.device);
-            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.conv_ev[s][1], 0));
-            if (n > 1) {
-                for (int l = 0; l < lanes; ++l) {
-                    GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.h2d_lane[s][l], 0));
-                }
-                ggml_cuda_ce_launch(d, i, false, s, off, chunk_elems, m, 0, last, st);
-                GGML_CUDA_CE_TRY(cudaGetLastError());
-            }
-            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.h2d_last[s], 0));
-            ggml_cuda_ce_launch(d, i, false, s, off, chunk_elems, m, last, n, st);
-            GGML_CUDA_CE_TRY(cudaGetLastError());
-            GGML_CUDA_CE_TRY(cudaEventRecord(d.add_done[s], st));
         }
     }
 
     for (int i = 0; i < 2; ++i) {
         ggml_cuda_ce_device & d = r->dev[i];
         ggml_cuda_set_device(d.device);
-        for (int k = 0; k < n_streams; ++k) {
-            GGML_CUDA_CE_TRY(cudaEventRecord(d.joined[k], d.streams[k]));
+        for (int role = 0; role < GGML_CUDA_CE_N_ROLES; ++role) {
+            GGML_CUDA_CE_TRY(cudaEventRecord(d.joined[role], d.streams[role]));
         }
     }
     ggml_cuda_set_device(r->dev_ids[0]);
     for (int i = 0; i < 2; ++i) {
-        for (int k = 0; k < n_streams; ++k) {
-            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(origin, r->dev[i].joined[k], 0));
+        for (cudaEvent_t ev : r->dev[i].joined) {
+            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(origin, ev, 0));
         }
     }
     return err;
@@ -743,7 +711,6 @@ ggml_cuda_ce_router * ggml_cuda_ce_router_init(
     r->fail_alloc = ggml_cuda_ce_env_fail_alloc();
     r->use_graphs = ggml_cuda_ce_env_graph();
     r->chunk_bytes = ggml_cuda_ce_env_chunk_bytes();
-    r->lanes       = ggml_cuda_ce_env_lanes();
 
     const int mode = ggml_cuda_ce_env_mode();
     const char * why = nullptr;
