@@ -147,9 +147,10 @@ static size_t ggml_cuda_ce_env_chunk_bytes() {
 }
 
 // Bytes per copy for a reduction of `wire_bytes` (BF16). Receiving starts one chunk after sending,
-// so small chunks shorten that lag; but each copy also costs about 5 µs of its own on H200 (measured:
-// 16 copies of 512 KiB move 8 MiB in about 1.25x the time of 4 copies of 2 MiB). About four chunks
-// per reduction, from 512 KiB to 2 MiB, was the best trade-off in the chunk-size sweep (docs/benchmarks.md).
+// so small chunks shorten that lag; but each copy also has a cost of its own, about 5 µs on H200 as
+// estimated from the chunk-size sweep (16 copies of 512 KiB reduce 8 MiB in about 1.15x the time of 4
+// copies of 2 MiB). About four chunks per reduction, 512 KiB to 2 MiB, was the best trade-off there
+// (docs/benchmarks.md).
 static size_t ggml_cuda_ce_chunk_bytes(const size_t fixed, const size_t wire_bytes) {
     if (fixed != 0) {
         return fixed;
