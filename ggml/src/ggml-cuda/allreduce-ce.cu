@@ -195,7 +195,7 @@ struct ggml_cuda_ce_device {
     char *              host   = nullptr; // pinned, portable: [slot] our part, read by the peer
     ggml_cuda_ce_args * args   = nullptr; // in vram
 
-    cudaEvent_t ready = nullptr;                        // compute stream: args written, tensor complete
+    cudaEvent_t ready = nullptr;                        // GPU 1's compute stream: args written, tensor complete
     cudaEvent_t joined[GGML_CUDA_CE_N_ROLES] = {};      // each stream's end of the schedule
     // per slot: the round's steps on this device; the kernels run in two pieces, [0] and [1]
     cudaEvent_t conv_ev [GGML_CUDA_CE_N_SLOTS][2] = {};                        // first chunk / whole round converted
@@ -562,7 +562,7 @@ static cudaError_t ggml_cuda_ce_issue(ggml_cuda_ce_router * r, const int64_t ne,
 }
 
 // The schedule for ne elements as an instantiated graph: built on first use of each size, so that a
-// reduction costs one graph launch instead of ~10 API calls per 512 KiB chunk. nullptr: issue it directly.
+// reduction costs one graph launch instead of about ten API calls per chunk. nullptr: issue it directly.
 static cudaGraphExec_t ggml_cuda_ce_graph_get(ggml_cuda_ce_router * r, const int64_t ne) {
     for (const ggml_cuda_ce_graph & g : r->graphs) {
         if (g.ne == ne) {

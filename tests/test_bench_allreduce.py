@@ -1,0 +1,68 @@
+"""python -m pyllama_so.bench.allreduce: arguments, the path table and what it does without two GPUs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import pytest
+from cuda_devices import cuda_device_count
+
+from pyllama_so import _llama
+from pyllama_so.bench import allreduce as ar
+
+two_gpus = _llama.allreduce_available() and cuda_device_count() >= 2
+
+
+@pytest.mark.parametrize("text, want", [("512K", 512 << 10), ("2M", 2 << 20), ("2MiB", 2 << 20), ("1024", 1024),
+                                        ("0.5M", 512 << 10)])
+def test_parse_size(text: str, want: int) -> None:
+    assert ar.parse_size(text) == want
+
+
+@pytest.mark.parametrize("text", ["3", "0", "1K1", "abc", "-4"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+        ar.parse_size(text)
+
+
+def test_sweep_paths_set_only_the_chunk_size() -> None:
+    name = ar.sweep_path(1024)
+    assert name == "ce_c1024k" and ar.sweep_path(1024) == name  # registered once
+    env, counter = ar.PATHS[name]
+    assert counter == "ce"
+    assert env["GGML_CUDA_AR_CE_CHUNK_BYTES"] == str(1 << 20)
+    assert env["GGML_CUDA_AR_CE"] == "1" and env["GGML_CUDA_AR_CE_MIN_BYTES"] == "1"
+    # the default copy-engine path leaves the chunk size automatic and replays graphs
+    assert ar.PATHS["ce"][0]["GGML_CUDA_AR_CE_CHUNK_BYTES"] is None
+    assert ar.PATHS["ce"][0]["GGML_CUDA_AR_CE_GRAPH"] is None
+    assert ar.PATHS["ce_direct"][0]["GGML_CUDA_AR_CE_GRAPH"] == "0"
+    # the NCCL and internal paths switch the copy engines off
+    assert ar.PATHS["nccl"][0]["GGML_CUDA_AR_CE"] == "0" and ar.PATHS["internal"][0]["GGML_CUDA_AR_CE"] == "0"
+
+
+def test_environ_restores_every_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GGML_CUDA_AR_CE", "0")
+    monkeypatch.delenv("GGML_CUDA_AR_CE_CHUNK_BYTES", raising=False)
+    with ar.environ({"GGML_CUDA_AR_CE": None, "GGML_CUDA_AR_CE_CHUNK_BYTES": "65536"}):
+        assert "GGML_CUDA_AR_CE" not in os.environ
+        assert os.environ["GGML_CUDA_AR_CE_CHUNK_BYTES"] == "65536"
+    assert os.environ["GGML_CUDA_AR_CE"] == "0" and "GGML_CUDA_AR_CE_CHUNK_BYTES" not in os.environ
+
+
+@pytest.mark.parametrize("args", [["--devices", "0,0"], ["--devices", "0"], ["--iters", "0"], ["--warmup", "-1"],
+                                  ["--worker", "nope"]])
+def test_bad_arguments_exit_2(args: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        ar.main(args)
+    assert e.value.code == 2
+
+
+@pytest.mark.skipif(two_gpus, reason="two CUDA devices present: this is the no-GPU behaviour")
+def test_without_two_gpus_says_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ar.json"
+    assert ar.main(["--ce-sweep", "--json", str(out)]) == 0
+    assert "skipped" in capsys.readouterr().out
+    assert json.loads(out.read_text())["skipped"].startswith("skipped: needs a CUDA build")
