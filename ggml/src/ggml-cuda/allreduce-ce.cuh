@@ -6,6 +6,7 @@
 #include "common.cuh"
 #include "allreduce.cuh"
 #include "ggml-backend-impl.h"
+#include "pyllama-so-allreduce.h"
 
 #include <cstddef>
 
@@ -36,3 +37,7 @@ bool ggml_cuda_ce_router_allreduce(ggml_cuda_ce_router * router, struct ggml_ten
 
 // Names for the CUDA backend reg's get_proc_address (see pyllama-so-allreduce.h); nullptr if unknown.
 void * ggml_cuda_ce_proc_address(const char * name);
+
+// Test and benchmark entries (allreduce-ce-bench.cu); PYLLAMA_SO_AR_* status codes.
+int ggml_cuda_ce_run(const pyllama_so_allreduce_run_params * params);
+int ggml_cuda_ce_bench(const pyllama_so_allreduce_bench_params * params);
