@@ -92,6 +92,11 @@ static constexpr size_t GGML_CUDA_CE_MIN_BYTES_DEFAULT = 512 * 1024;
 
 static_assert(GGML_CUDA_CE_SLOT_BYTES % GGML_CUDA_CE_CHUNK_AUTO_MAX == 0, "a slot must hold whole chunks");
 
+// Slot-sized rounds of a reduction of ne elements.
+static int64_t ggml_cuda_ce_n_rounds(const int64_t ne) {
+    return (ne + GGML_CUDA_CE_SLOT_ELEMS - 1) / GGML_CUDA_CE_SLOT_ELEMS;
+}
+
 // GGML_CUDA_AR_CE: -1 auto (unset), 0 off, 1 force.
 static int ggml_cuda_ce_env_mode() {
     const char * v = getenv("GGML_CUDA_AR_CE");
@@ -108,18 +113,34 @@ static int ggml_cuda_ce_env_mode() {
     return -1;
 }
 
+// A byte-count variable: text == nullptr when unset; ok when the text is a plain decimal number.
+struct ggml_cuda_ce_env_bytes {
+    const char *       text  = nullptr;
+    bool               ok    = false;
+    unsigned long long value = 0;
+
+    explicit ggml_cuda_ce_env_bytes(const char * name) {
+        const char * v = getenv(name);
+        if (v == nullptr || v[0] == '\0') {
+            return;
+        }
+        char * end = nullptr;
+        text  = v;
+        value = strtoull(v, &end, 10);
+        ok    = end != v && *end == '\0' && v[0] != '-';
+    }
+};
+
 static size_t ggml_cuda_ce_env_min_bytes() {
-    const char * v = getenv("GGML_CUDA_AR_CE_MIN_BYTES");
-    if (v == nullptr || v[0] == '\0') {
+    const ggml_cuda_ce_env_bytes v("GGML_CUDA_AR_CE_MIN_BYTES");
+    if (v.text == nullptr) {
         return GGML_CUDA_CE_MIN_BYTES_DEFAULT;
     }
-    char * end = nullptr;
-    const unsigned long long parsed = strtoull(v, &end, 10);
-    if (end == v || *end != '\0' || parsed == 0 || v[0] == '-') {
-        GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE_MIN_BYTES=\"%s\" (expected a byte count >= 1)\n", __func__, v);
+    if (!v.ok || v.value == 0) {
+        GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE_MIN_BYTES=\"%s\" (expected a byte count >= 1)\n", __func__, v.text);
         return GGML_CUDA_CE_MIN_BYTES_DEFAULT;
     }
-    return (size_t) parsed;
+    return (size_t) v.value;
 }
 
 static bool ggml_cuda_ce_env_fail_alloc() {
@@ -130,19 +151,16 @@ static bool ggml_cuda_ce_env_fail_alloc() {
 // GGML_CUDA_AR_CE_CHUNK_BYTES: bytes per copy, a power of two from 64 KiB to the slot size (4 MiB);
 // 0 (unset): automatic, see ggml_cuda_ce_chunk_bytes.
 static size_t ggml_cuda_ce_env_chunk_bytes() {
-    const char * v = getenv("GGML_CUDA_AR_CE_CHUNK_BYTES");
-    if (v == nullptr || v[0] == '\0') {
+    const ggml_cuda_ce_env_bytes v("GGML_CUDA_AR_CE_CHUNK_BYTES");
+    if (v.text == nullptr) {
         return 0;
     }
-    char * end = nullptr;
-    const unsigned long long parsed = strtoull(v, &end, 10);
-    if (end == v || *end != '\0' || v[0] == '-' || parsed < GGML_CUDA_CE_CHUNK_BYTES_MIN ||
-            parsed > GGML_CUDA_CE_SLOT_BYTES || (parsed & (parsed - 1)) != 0) {
+    if (!v.ok || v.value < GGML_CUDA_CE_CHUNK_BYTES_MIN || v.value > GGML_CUDA_CE_SLOT_BYTES || (v.value & (v.value - 1)) != 0) {
         GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE_CHUNK_BYTES=\"%s\" (expected a power of two from %zu to %zu)\n",
-                      __func__, v, GGML_CUDA_CE_CHUNK_BYTES_MIN, GGML_CUDA_CE_SLOT_BYTES);
+                      __func__, v.text, GGML_CUDA_CE_CHUNK_BYTES_MIN, GGML_CUDA_CE_SLOT_BYTES);
         return 0;
     }
-    return (size_t) parsed;
+    return (size_t) v.value;
 }
 
 // Bytes per copy for a reduction of `wire_bytes` (BF16). Receiving starts one chunk after sending,
@@ -194,7 +212,6 @@ struct ggml_cuda_ce_device {
     char *              host   = nullptr; // pinned, portable: [slot] our part, read by the peer
     ggml_cuda_ce_args * args   = nullptr; // in vram
 
-    cudaEvent_t ready = nullptr;                        // GPU 1's compute stream: args written, tensor complete
     cudaEvent_t joined[GGML_CUDA_CE_N_ROLES] = {};      // each stream's end of the schedule
     // per slot: the round's steps on this device; the kernels run in two pieces, [0] and [1]
     cudaEvent_t conv_ev [GGML_CUDA_CE_N_SLOTS][2] = {};                        // first chunk / whole round converted
@@ -208,6 +225,21 @@ struct ggml_cuda_ce_device {
         return (uint16_t *) (vram + (size_t) (GGML_CUDA_CE_N_SLOTS + slot) * GGML_CUDA_CE_SLOT_BYTES);
     }
     char * host_part(int slot) const { return host + (size_t) slot * GGML_CUDA_CE_SLOT_BYTES; }
+
+    // Every event above, for creating and destroying them.
+    template <typename F> void each_event(F && f) {
+        for (cudaEvent_t & ev : joined) {
+            f(ev);
+        }
+        for (int s = 0; s < GGML_CUDA_CE_N_SLOTS; ++s) {
+            for (cudaEvent_t * ev : { &conv_ev[s][0], &conv_ev[s][1], &h2d_ev[s][0], &h2d_ev[s][1], &d2h_done[s], &add_done[s] }) {
+                f(*ev);
+            }
+            for (cudaEvent_t & ev : d2h_ev[s]) {
+                f(ev);
+            }
+        }
+    }
 };
 
 enum ggml_cuda_ce_state {
@@ -239,8 +271,9 @@ struct ggml_cuda_ce_router {
     ggml_cuda_ce_state  state = GGML_CUDA_CE_STATE_UNALLOCATED;
     ggml_cuda_ce_device dev[2];
     cudaStream_t        origin = nullptr; // on dev[0]: the graphs are captured from it
-    cudaEvent_t         fork   = nullptr;
-    cudaEvent_t         done   = nullptr;
+    cudaEvent_t         fork   = nullptr; // on dev[0]: start of a schedule
+    cudaEvent_t         done   = nullptr; // on dev[0]: end of a schedule, waited for by GPU 1
+    cudaEvent_t         ready1 = nullptr; // on dev[1]: its args written and tensor complete
 
     std::vector<ggml_cuda_ce_graph> graphs;
     bool capture_logged = false;
@@ -338,20 +371,10 @@ static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router * r) {
             continue;
         }
         ggml_cuda_set_device(d.device);
-        std::vector<cudaEvent_t *> evs = { &d.ready };
-        for (cudaEvent_t & ev : d.joined) {
-            evs.push_back(&ev);
-        }
-        for (int s = 0; s < GGML_CUDA_CE_N_SLOTS; ++s) {
-            evs.insert(evs.end(), { &d.conv_ev[s][0], &d.conv_ev[s][1], &d.h2d_ev[s][0], &d.h2d_ev[s][1],
-                                    &d.d2h_done[s], &d.add_done[s] });
-            for (int c = 0; c < GGML_CUDA_CE_SLOT_CHUNKS; ++c) {
-                evs.push_back(&d.d2h_ev[s][c]);
-            }
-        }
-        for (cudaEvent_t * ev : evs) {
-            if (*ev) { CUDA_CHECK(cudaEventDestroy(*ev)); *ev = nullptr; }
-        }
+        d.each_event([](cudaEvent_t & ev) {
+            if (ev) { CUDA_CHECK(cudaEventDestroy(ev)); ev = nullptr; }
+        });
+        if (i == 1 && r->ready1) { CUDA_CHECK(cudaEventDestroy(r->ready1)); r->ready1 = nullptr; }
         for (cudaStream_t & st : d.streams) {
             if (st) { CUDA_CHECK(cudaStreamDestroy(st)); st = nullptr; }
         }
@@ -380,20 +403,9 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
         for (cudaStream_t & st : d.streams) {
             GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
         }
-        GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.ready));
-        for (cudaEvent_t & ev : d.joined) {
-            GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&ev));
-        }
-        for (int s = 0; s < GGML_CUDA_CE_N_SLOTS; ++s) {
-            for (int k = 0; k < 2; ++k) {
-                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.conv_ev[s][k]));
-                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.h2d_ev[s][k]));
-            }
-            GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.d2h_done[s]));
-            GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.add_done[s]));
-            for (int c = 0; c < GGML_CUDA_CE_SLOT_CHUNKS; ++c) {
-                GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&d.d2h_ev[s][c]));
-            }
+        d.each_event([&](cudaEvent_t & ev) { GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&ev)); });
+        if (i == 1) {
+            GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&r->ready1));
         }
         if (d.vram != nullptr) {
             d.args = (ggml_cuda_ce_args *) (d.vram + GGML_CUDA_CE_ARGS_OFFSET);
@@ -426,7 +438,7 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
     return true;
 }
 
-// Converts (kernel [0]) or sums (kernel [1]) chunks [c0, c1) of round `off` on stream st.
+// Converts (conv) or sums chunks [c0, c1) of the round starting at element `off`, on stream st.
 static void ggml_cuda_ce_launch(const ggml_cuda_ce_device & d, const int i, const bool conv, const int s,
         const int64_t off, const int64_t chunk_elems, const int64_t m, const int c0, const int c1, cudaStream_t st) {
     const int64_t e0 = c0 * chunk_elems;
@@ -466,7 +478,7 @@ static cudaError_t ggml_cuda_ce_issue(ggml_cuda_ce_router * r, const int64_t ne,
         }
     }
 
-    const int64_t n_rounds    = (ne + GGML_CUDA_CE_SLOT_ELEMS - 1) / GGML_CUDA_CE_SLOT_ELEMS;
+    const int64_t n_rounds    = ggml_cuda_ce_n_rounds(ne);
     const int64_t chunk_elems = (int64_t) (ggml_cuda_ce_chunk_bytes(r->chunk_bytes, (size_t) ne * sizeof(uint16_t)) / sizeof(uint16_t));
     for (int64_t k = 0; k < n_rounds && err == cudaSuccess; ++k) {
         const int     s      = (int) (k % GGML_CUDA_CE_N_SLOTS);
@@ -643,9 +655,9 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
         ggml_cuda_ce_set_args_kernel<<<1, 1, 0, compute[i]>>>(d.args, active ? data : nullptr, data);
         CUDA_CHECK(cudaGetLastError());
     }
-    CUDA_CHECK(cudaEventRecord(r->dev[1].ready, compute[1]));
+    CUDA_CHECK(cudaEventRecord(r->ready1, compute[1]));
     ggml_cuda_set_device(r->dev_ids[0]);
-    CUDA_CHECK(cudaStreamWaitEvent(compute[0], r->dev[1].ready, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(compute[0], r->ready1, 0));
     if (exec != nullptr) {
         CUDA_CHECK(cudaGraphLaunch(exec, compute[0]));
     } else {
@@ -657,7 +669,7 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
     ggml_cuda_set_device(r->dev_ids[1]);
     CUDA_CHECK(cudaStreamWaitEvent(compute[1], r->done, 0));
 
-    g_ce_rounds.fetch_add((uint64_t) ((ne + GGML_CUDA_CE_SLOT_ELEMS - 1) / GGML_CUDA_CE_SLOT_ELEMS), std::memory_order_relaxed);
+    g_ce_rounds.fetch_add((uint64_t) ggml_cuda_ce_n_rounds(ne), std::memory_order_relaxed);
     return true;
 }
 
