@@ -231,7 +231,6 @@ static const ggml_backend_buffer_type_i ggml_cpu_virtual_buffer_type_i = {
 // backends
 
 struct ggml_cpu_virtual_backend_context {
-    ggml_cpu_virtual_device_context * dev_ctx;
     std::string                       name;
     ggml_backend_t                    cpu;          // used by the worker thread only
     int64_t                           delay_us;
@@ -417,7 +416,6 @@ static ggml_backend_t ggml_cpu_virtual_device_init_backend(ggml_backend_dev_t de
     ggml_backend_cpu_set_n_threads(cpu, std::max(1, env_int("GGML_CPU_VIRTUAL_THREADS", 1)));
 
     auto * ctx        = new ggml_cpu_virtual_backend_context;
-    ctx->dev_ctx      = dev_ctx;
     ctx->name         = dev_ctx->name;
     ctx->cpu          = cpu;
     ctx->delay_us     = ggml_cpu_virtual_delay_selected(dev_ctx->index) ? env_int("GGML_CPU_VIRTUAL_DELAY_US", 0) : 0;
@@ -485,7 +483,9 @@ static ggml_backend_buffer_type_t ggml_cpu_virtual_device_get_buffer_type(ggml_b
 }
 
 static bool ggml_cpu_virtual_device_supports_op(ggml_backend_dev_t dev, const ggml_tensor * op) {
-    ggml_backend_dev_t cpu_dev = ggml_backend_reg_dev_get(ggml_backend_cpu_reg(), 0);
+    // looked up once: ggml_backend_cpu_reg() re-runs the CPU init (a ggml context, a lock) on every call,
+    // and the scheduler asks this for every node
+    static ggml_backend_dev_t cpu_dev = ggml_backend_reg_dev_get(ggml_backend_cpu_reg(), 0);
     return ggml_backend_dev_supports_op(cpu_dev, op);
     GGML_UNUSED(dev);
 }
@@ -601,8 +601,7 @@ static bool ggml_cpu_virtual_comm_allreduce_tensor(void * comm_ctx, ggml_tensor 
         }
         auto sum = std::make_shared<std::vector<float>>(ne);
         sums[j] = sum;
-        ctx->stream->push([srcs, sum, ne] {
-            std::fill(sum->begin(), sum->end(), 0.0f);
+        ctx->stream->push([srcs, sum, ne] { // sum starts zeroed
             for (const float * src : *srcs) {
                 if (src != nullptr) {
                     for (int64_t i = 0; i < ne; i++) {
