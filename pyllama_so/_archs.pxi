@@ -14,12 +14,10 @@ cdef extern from "pyllama-so-archs.h" nogil:
         PYLLAMA_SO_ARCH_ENCODE
         PYLLAMA_SO_ARCH_SM_TENSOR
         PYLLAMA_SO_ARCH_SAVER
-        PYLLAMA_SO_ARCH_EXCLUDED
     size_t pyllama_so_arch_count()
     const char * pyllama_so_arch_name(size_t i)
     uint32_t pyllama_so_arch_flags(const char * arch)
     gguf_context * pyllama_so_arch_metadata(const char * arch, bint moe)
-    bint pyllama_so_model_save(const llama_model * model, const char * path)
 
 
 def cpu_virtual_devices(int n):
@@ -49,23 +47,19 @@ def arch_flags(str arch):
         "encode": bool(f & PYLLAMA_SO_ARCH_ENCODE),
         "sm_tensor": bool(f & PYLLAMA_SO_ARCH_SM_TENSOR),
         "saver": bool(f & PYLLAMA_SO_ARCH_SAVER),
-        "excluded": bool(f & PYLLAMA_SO_ARCH_EXCLUDED),
     }
 
 
 cdef llama_model_params _arch_model_params(list device_indices, str split_mode, ggml_backend_dev_t * devs) except *:
-    cdef llama_model_params p = llama_model_default_params()
+    """Model params on exactly these devices (devs: room for len(device_indices) + 1 entries)."""
+    cdef llama_model_params p = Model._params(-1, split_mode, 0, NULL, None, True)
     cdef size_t n_dev = ggml_backend_dev_count()
-    if split_mode not in SPLIT_MODES:
-        raise ValueError(f"unknown split_mode {split_mode!r}")
     for k, i in enumerate(device_indices):
         if not 0 <= i < n_dev:
             raise ValueError(f"no device {i} (there are {n_dev})")
         devs[k] = ggml_backend_dev_get(i)
     devs[len(device_indices)] = NULL
     p.devices = devs        # an empty list: no devices, everything on the CPU
-    p.split_mode = SPLIT_MODES[split_mode]
-    p.progress_callback = _silent_progress
     return p
 
 
@@ -91,111 +85,64 @@ def arch_model(str arch, bint moe, list device_indices, str split_mode="layer", 
 
 def arch_model_load(path, list device_indices, str split_mode="layer"):
     """Load a saved fixture on the given devices (the round trip's second half)."""
-    cdef Model self = Model.__new__(Model)
     cdef ggml_backend_dev_t * devs = <ggml_backend_dev_t *> calloc(len(device_indices) + 1, sizeof(ggml_backend_dev_t))
-    cdef llama_model_params p
-    cdef bytes bpath = str(path).encode()
-    cdef const char * cpath = bpath
     try:
-        p = _arch_model_params(device_indices, split_mode, devs)
-        _take_last_error()
-        with nogil:
-            self.ptr = llama_model_load_from_file(cpath, p)
+        return Model._load(path, _arch_model_params(device_indices, split_mode, devs))
     finally:
         free(devs)
-    _null_check(self.ptr, ModelLoadError, f"failed to load {path}")
-    self.vocab = llama_model_get_vocab(self.ptr)
-    self.path = str(path)
-    return self
 
 
 def arch_model_save(Model model, path):
     """Write the model with llama_model_saver (upstream's round trip)."""
     model._check_open()
-    if not pyllama_so_model_save(model.ptr, str(path).encode()):
+    cdef bytes bpath = str(path).encode()
+    cdef const char * cpath = bpath
+    with nogil:
+        llama_model_save_to_file(model.ptr, cpath)
+    if not os.path.exists(path):
         raise LlamaError(f"could not save the model to {path}")
 
 
-cdef int _run_batch(Context ctx, llama_batch batch, bint encode) except -1:
-    cdef int32_t rc
-    if encode:
-        with nogil:
-            rc = llama_encode(ctx.ptr, batch)
-        if rc != 0:
-            raise DecodeError(f"llama_encode returned {rc}")
-    with nogil:
-        rc = llama_decode(ctx.ptr, batch)
-    _check_decode(rc, "decode")
-    return 0
-
-
 def arch_logits(Context ctx, tokens, bint encode=False):
-    """Logits of every token of one batch at positions 0.., as float32 (n_tokens, n_vocab)."""
+    """Logits of every token, decoded as one batch in a fresh context, as float32 (n_tokens, n_vocab).
+    With encode, the same tokens go through llama_encode first, as in upstream's test."""
     ctx._check_open()
     cdef int32_t[::1] toks = ctx.model._tokens(tokens)
-    cdef int32_t n = toks.shape[0], i
-    cdef int32_t n_vocab = llama_vocab_n_tokens(ctx.model.vocab)
-    cdef llama_batch batch = llama_batch_init(n, 0, 1)
-    cdef float * src
-    out = np.empty((n, n_vocab), dtype=np.float32)
-    cdef float[:, ::1] out_mv = out
-    try:
+    cdef int32_t n = toks.shape[0], i, rc
+    if encode:
+        if n > ctx.batch_cap:
+            raise ValueError(f"{n} tokens do not fit one batch of {ctx.batch_cap}")
         for i in range(n):
-            batch.token[i] = toks[i]
-            batch.pos[i] = i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = 1
-        batch.n_tokens = n
-        _run_batch(ctx, batch, encode)
-        for i in range(n):
-            src = llama_get_logits_ith(ctx.ptr, i)
-            if src == NULL:
-                raise DecodeError(f"no logits for token {i}")
-            memcpy(&out_mv[i, 0], src, n_vocab * sizeof(float))
-    finally:
-        llama_batch_free(batch)
-    return out
+            ctx.batch.token[i] = toks[i]
+            ctx.batch.pos[i] = i
+            ctx.batch.n_seq_id[i] = 1
+            ctx.batch.seq_id[i][0] = 0
+            ctx.batch.logits[i] = 1
+        ctx.batch.n_tokens = n
+        with nogil:
+            rc = llama_encode(ctx.ptr, ctx.batch)
+        if rc != 0:
+            raise DecodeError(f"llama_encode returned {rc}")
+    return ctx.decode(tokens, all_logits=True)
 
 
 def arch_causal_toggle_ok(Context ctx, tokens):
     """Upstream's check_causal_attn_toggle: with causal attention off, decode n_ubatch/2 then n_ubatch
     more tokens after what is cached; every run must succeed with NaN-free logits for its last token."""
     ctx._check_open()
-    cdef int32_t[::1] toks = ctx.model._tokens(tokens)
     cdef int32_t n_ubatch = llama_n_ubatch(ctx.ptr)
-    cdef int32_t n_vocab = llama_vocab_n_tokens(ctx.model.vocab)
     cdef llama_pos pos = llama_memory_seq_pos_max(llama_get_memory(ctx.ptr), 0) + 1
-    cdef llama_batch batch
-    cdef int32_t n_tok, i, rc
-    cdef float * logits
-    if toks.shape[0] < n_ubatch or pos + n_ubatch // 2 + n_ubatch > <llama_pos> llama_n_ctx(ctx.ptr):
+    if len(tokens) < n_ubatch or pos + n_ubatch // 2 + n_ubatch > <llama_pos> llama_n_ctx(ctx.ptr):
         raise ValueError("not enough tokens or context for the causal-attention toggle check")
     llama_set_causal_attn(ctx.ptr, False)
     try:
         for n_tok in (n_ubatch // 2, n_ubatch):
-            batch = llama_batch_init(n_tok, 0, 1)
             try:
-                for i in range(n_tok):
-                    batch.token[i] = toks[i]
-                    batch.pos[i] = pos
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = 0
-                    batch.logits[i] = 1
-                    pos += 1
-                batch.n_tokens = n_tok
-                with nogil:
-                    rc = llama_decode(ctx.ptr, batch)
-                if rc != 0:
-                    return False
-                logits = llama_get_logits_ith(ctx.ptr, n_tok - 1)
-                if logits == NULL:
-                    return False
-                for i in range(n_vocab):
-                    if logits[i] != logits[i]:
-                        return False
-            finally:
-                llama_batch_free(batch)
+                logits = ctx.decode(tokens[:n_tok], all_logits=True)
+            except DecodeError:
+                return False
+            if np.isnan(logits[len(logits) - 1]).any():
+                return False
     finally:
         llama_set_causal_attn(ctx.ptr, True)
     return True

@@ -177,6 +177,7 @@ cdef extern from "llama.h" nogil:
     bint llama_supports_gpu_offload()
 
     llama_model * llama_model_load_from_file(const char * path_model, llama_model_params params)
+    void llama_model_save_to_file(const llama_model * model, const char * path_model)
     llama_model * llama_model_init_from_user(gguf_context * metadata, llama_model_set_tensor_data_t set_tensor_data,
                                              void * set_tensor_data_ud, llama_model_params params)
     void llama_model_free(llama_model * model)

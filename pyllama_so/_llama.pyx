@@ -12,6 +12,8 @@ from libc.math cimport sqrt, log, cos, fabs
 from libc.stdio cimport fputs, fflush, stderr
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
+import os
+
 import numpy as np
 
 __all__ = [
@@ -332,22 +334,27 @@ cdef class Model:
     @staticmethod
     def load(path, *, int n_gpu_layers=-1, str split_mode="layer", int main_gpu=0, tensor_split=None,
              bint use_mmap=True, progress=None):
-        """Load a GGUF file. Raises FileNotFoundError, or ModelLoadError for a file llama.cpp rejects."""
-        cdef Model self = Model.__new__(Model)
+        """Load a GGUF file. Raises ModelLoadError for a file llama.cpp cannot load (Llama checks that it exists)."""
         cdef float * split_buf = <float *> calloc(llama_max_devices(), sizeof(float))
         cdef llama_model_params p
-        cdef bytes bpath = str(path).encode()
-        cdef const char * cpath = bpath
         try:
             p = Model._params(n_gpu_layers, split_mode, main_gpu, split_buf, tensor_split, use_mmap)
             if progress is not None:
                 p.progress_callback = _python_progress
                 p.progress_callback_user_data = <void *> progress
-            _take_last_error()
-            with nogil:
-                self.ptr = llama_model_load_from_file(cpath, p)
+            return Model._load(path, p)
         finally:
             free(split_buf)
+
+    @staticmethod
+    cdef Model _load(path, llama_model_params p):
+        """llama_model_load_from_file with these params; ModelLoadError when llama.cpp rejects it."""
+        cdef Model self = Model.__new__(Model)
+        cdef bytes bpath = str(path).encode()
+        cdef const char * cpath = bpath
+        _take_last_error()
+        with nogil:
+            self.ptr = llama_model_load_from_file(cpath, p)
         _null_check(self.ptr, ModelLoadError, f"failed to load model from {path}")
         self.vocab = llama_model_get_vocab(self.ptr)
         self.path = str(path)

@@ -1,7 +1,7 @@
 // Per-architecture test fixtures for the pytest equivalent of upstream's tests/test-llama-archs.cpp:
 // the list of architectures, which of them are tested how (the same skips as upstream), GGUF
-// metadata of a tiny model for each, and a save through llama_model_saver. The random weights come
-// from the bindings (_fill_random in pyllama_so/_llama.pyx), as for every random-weight model.
+// metadata of a tiny model for each. The random weights come from the bindings (_fill_random in
+// pyllama_so/_llama.pyx), as for every random-weight model.
 
 #include "pyllama-so-archs.h"
 
@@ -111,7 +111,6 @@ uint32_t pyllama_so_arch_flags(const char * name) {
     flags |= arch_encode(arch)                     ? PYLLAMA_SO_ARCH_ENCODE         : 0;
     flags |= llm_arch_supports_sm_tensor(arch)     ? PYLLAMA_SO_ARCH_SM_TENSOR      : 0;
     flags |= llama_model_saver_supports_arch(arch) ? PYLLAMA_SO_ARCH_SAVER          : 0;
-    flags |= arch_excluded(arch)                   ? PYLLAMA_SO_ARCH_EXCLUDED       : 0;
     return flags;
 }
 
@@ -121,7 +120,7 @@ struct arch_dims {
     uint32_t n_vocab   = 128;
     uint32_t n_embd    = 256;
     uint32_t n_head    = 2;
-    uint32_t n_head_kv = 2;
+    uint32_t n_head_kv = 0; // 0: as many as n_head
     uint32_t n_ff      = 384;
     uint32_t n_layer   = 2;
 };
@@ -155,7 +154,7 @@ static arch_dims arch_get_dims(llm_arch arch) {
     if (arch_is_mla(arch)) {
         d.n_embd = 128; d.n_head = 1; d.n_ff = 192;
     }
-    if (!arch_in(arch, { LLM_ARCH_QWEN3, LLM_ARCH_MUSE_GLIMMER, LLM_ARCH_AFMOE })) {
+    if (d.n_head_kv == 0) {
         d.n_head_kv = d.n_head;
     }
     return d;
@@ -418,14 +417,4 @@ gguf_context * pyllama_so_arch_metadata(const char * name, bool moe) {
         }
     }
     return ctx;
-}
-
-bool pyllama_so_model_save(const llama_model * model, const char * path) {
-    llama_model_save_to_file(model, path);
-    FILE * f = fopen(path, "rb");
-    if (f == nullptr) {
-        return false;
-    }
-    fclose(f);
-    return true;
 }

@@ -20,7 +20,6 @@ enum pyllama_so_arch_flag {
     PYLLAMA_SO_ARCH_ENCODE        = 1u << 4, // needs an encode pass before decoding
     PYLLAMA_SO_ARCH_SM_TENSOR     = 1u << 5, // LLAMA_SPLIT_MODE_TENSOR implemented
     PYLLAMA_SO_ARCH_SAVER         = 1u << 6, // llama_model_saver can write it
-    PYLLAMA_SO_ARCH_EXCLUDED      = 1u << 7, // left out of upstream's table
 };
 
 // architectures in upstream's table (excluded ones left out), in upstream's order
@@ -30,9 +29,6 @@ LLAMA_API uint32_t     pyllama_so_arch_flags(const char * arch);
 
 // GGUF metadata of a tiny model of this architecture; free with gguf_free; NULL for an unknown name
 LLAMA_API struct gguf_context * pyllama_so_arch_metadata(const char * arch, bool moe);
-
-// save through llama_model_saver; false when no file came out
-LLAMA_API bool pyllama_so_model_save(const struct llama_model * model, const char * path);
 
 #ifdef __cplusplus
 }

@@ -33,10 +33,6 @@ def _params() -> list:
     return out
 
 
-def _has_gpu() -> bool:
-    return any(archs._is_gpu(d) for d in archs._llama.devices())
-
-
 @pytest.fixture(scope="module", autouse=True)
 def summary_table(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
@@ -49,8 +45,6 @@ def summary_table(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.mark.parametrize("arch,moe,cfg", _params())
 def test_arch(request: pytest.FixtureRequest, arch: str, moe: bool, cfg: archs.DeviceConfig) -> None:
-    if cfg.gpu and not _has_gpu():
-        pytest.skip("no CUDA device")
     row = _RUNNER.run(arch, moe, cfg)
     _ROWS.append(row)
     if not row.executed:
@@ -68,27 +62,21 @@ def test_default_subset_runs_tensor_split_on_virtual_devices() -> None:
     assert archs._llama.arch_flags("llama")["sm_tensor"]
 
 
-@pytest.fixture
-def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """The virtual devices read these when a backend is created, i.e. per model context."""
-    return monkeypatch
-
-
 @pytest.mark.parametrize("n_devices", [2, 3])
-def test_meta_survives_delayed_device(env: pytest.MonkeyPatch, n_devices: int) -> None:
+def test_meta_survives_delayed_device(monkeypatch: pytest.MonkeyPatch, n_devices: int) -> None:
     """Delaying every graph on all but device 0 changes timing only: results stay equal to the CPU's."""
-    env.setenv("GGML_CPU_VIRTUAL_DELAY_US", "1000")
+    monkeypatch.setenv("GGML_CPU_VIRTUAL_DELAY_US", "1000")  # read per backend, i.e. per model context
     cfg = next(c for c in CONFIGS if c.tensor and not c.gpu and len(c.devices) == n_devices)
     row = archs.Runner().run("llama", False, cfg)
     assert row.executed and row.ok, (row.nmse_status, row.nmse, row.error)
 
 
 @pytest.mark.parametrize("n_devices", [2, 3])
-def test_suite_catches_broken_event_wait(env: pytest.MonkeyPatch, n_devices: int) -> None:
+def test_suite_catches_broken_event_wait(monkeypatch: pytest.MonkeyPatch, n_devices: int) -> None:
     """With event waits that return at once (the test-only GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT) and a
     delayed device, AllReduce reads partial sums before they exist: the Meta row must fail."""
-    env.setenv("GGML_CPU_VIRTUAL_DELAY_US", "1000")
-    env.setenv("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT", "1")
+    monkeypatch.setenv("GGML_CPU_VIRTUAL_DELAY_US", "1000")
+    monkeypatch.setenv("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT", "1")
     cfg = next(c for c in CONFIGS if c.tensor and not c.gpu and len(c.devices) == n_devices)
     row = archs.Runner().run("llama", False, cfg)
     assert row.executed and not row.ok and row.nmse is not None, row
@@ -99,9 +87,9 @@ def test_cli_exit_code() -> None:
     assert archs.main(["-a", "^llama$", "-b", "CPUV1"]) == 0
 
 
-def test_cli_fails_on_broken_event_wait(env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    env.setenv("GGML_CPU_VIRTUAL_DELAY_US", "1000")
-    env.setenv("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT", "1")
+def test_cli_fails_on_broken_event_wait(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("GGML_CPU_VIRTUAL_DELAY_US", "1000")
+    monkeypatch.setenv("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT", "1")
     assert archs.main(["-a", "^qwen3$"]) == 1
     out = capsys.readouterr().out
     assert "Meta(CPUV0,CPUV1)" in out and "FAIL" in out and "failed" in out
