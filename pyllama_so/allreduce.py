@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from pyllama_so import _llama
 
@@ -40,6 +40,8 @@ PATHS: tuple[str, ...] = tuple(_llama.ALLREDUCE_PATHS)
 ENV_CE = "GGML_CUDA_AR_CE"
 ENV_CE_MIN_BYTES = "GGML_CUDA_AR_CE_MIN_BYTES"
 ENV_CE_CHUNK_BYTES = "GGML_CUDA_AR_CE_CHUNK_BYTES"
+ENV_CE_GRAPH = "GGML_CUDA_AR_CE_GRAPH"
+ENV_ALLREDUCE = "GGML_CUDA_ALLREDUCE"  # upstream's base path: nccl, internal, none
 CHUNK_BYTES_RANGE = (64 << 10, 4 << 20)
 
 
@@ -66,15 +68,7 @@ class AllReduceStats:
         return sum(p.calls for p in self.paths.values())
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "available": self.available,
-            "paths": {k: {"calls": v.calls, "bytes": v.bytes} for k, v in self.paths.items()},
-            "ce_rounds": self.ce_rounds,
-            "ce_buffer_allocs": self.ce_buffer_allocs,
-            "ce_alloc_failures": self.ce_alloc_failures,
-            "ce_graphs": self.ce_graphs,
-            "ce_direct": self.ce_direct,
-        }
+        return asdict(self)
 
 
 def allreduce_available() -> bool:
@@ -128,15 +122,17 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
         lo, hi = CHUNK_BYTES_RANGE
         if not lo <= chunk_bytes <= hi or chunk_bytes & (chunk_bytes - 1):
             raise ValueError(f"chunk_bytes must be a power of two from {lo} to {hi}, got {chunk_bytes}")
-    if copy_engines is None:
-        os.environ.pop(ENV_CE, None)
-    else:
-        os.environ[ENV_CE] = "1" if copy_engines else "0"
-    if min_bytes is None:
-        os.environ.pop(ENV_CE_MIN_BYTES, None)
-    else:
-        os.environ[ENV_CE_MIN_BYTES] = str(min_bytes)
-    if chunk_bytes is None:
-        os.environ.pop(ENV_CE_CHUNK_BYTES, None)
-    else:
-        os.environ[ENV_CE_CHUNK_BYTES] = str(chunk_bytes)
+    set_env({
+        ENV_CE: None if copy_engines is None else ("1" if copy_engines else "0"),
+        ENV_CE_MIN_BYTES: None if min_bytes is None else str(min_bytes),
+        ENV_CE_CHUNK_BYTES: None if chunk_bytes is None else str(chunk_bytes),
+    })
+
+
+def set_env(values: dict[str, str | None]) -> None:
+    """Set each variable, or remove it where the value is None."""
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

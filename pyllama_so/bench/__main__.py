@@ -38,7 +38,7 @@ def default_threads() -> int:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pyllama_so.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    env = A.env_default
+    env = A.env_default  # string defaults go through each flag's type, as typed values do
     ap.add_argument("-m", "--model", type=A.comma_list(str), action="extend", default=None,
                     help="GGUF model file(s); default: a cached synthetic model (env LLAMA_ARG_MODEL)")
     ap.add_argument("--synthetic", default="small", help="shape of the synthetic model used without -m (default small)")
@@ -48,25 +48,25 @@ def parser() -> argparse.ArgumentParser:
                     help="prompt + generation test; repeat the flag for several")
     ap.add_argument("-d", "--n-depth", type=A.comma_list(A.non_negative_int), default=[0])
     ap.add_argument("-b", "--batch-size", type=A.comma_list(A.positive_int),
-                    default=A.comma_list(A.positive_int)(env("BATCH", "2048")))
+                    default=env("BATCH", "2048"))
     ap.add_argument("-ub", "--ubatch-size", type=A.comma_list(A.positive_int),
-                    default=A.comma_list(A.positive_int)(env("UBATCH", "512")))
+                    default=env("UBATCH", "512"))
     ap.add_argument("-ngl", "--n-gpu-layers", type=A.comma_list(A.gpu_layers),
-                    default=A.comma_list(A.gpu_layers)(env("N_GPU_LAYERS", "-1")))
+                    default=env("N_GPU_LAYERS", "-1"))
     ap.add_argument("-sm", "--split-mode", type=A.comma_list(A.choice(A.SPLIT_MODES, "split mode")),
-                    default=A.comma_list(A.choice(A.SPLIT_MODES, "split mode"))(env("SPLIT_MODE", "layer")))
+                    default=env("SPLIT_MODE", "layer"))
     ap.add_argument("-mg", "--main-gpu", type=A.comma_list(A.non_negative_int), default=[0])
     ap.add_argument("-ts", "--tensor-split", type=A.comma_list(A.tensor_split), default=None,
                     help="e.g. 1/1 (proportions per device), comma list for several")
     ap.add_argument("-fa", "--flash-attn", type=A.comma_list(A.choice(A.FLASH_ATTN, "flash-attn value")),
-                    default=A.comma_list(A.choice(A.FLASH_ATTN, "flash-attn value"))(env("FLASH_ATTN", "auto")))
+                    default=env("FLASH_ATTN", "auto"))
     ap.add_argument("-ctk", "--cache-type-k", type=A.comma_list(A.choice(A.CACHE_TYPES, "cache type")),
-                    default=A.comma_list(A.choice(A.CACHE_TYPES, "cache type"))(env("CACHE_TYPE_K", "f16")))
+                    default=env("CACHE_TYPE_K", "f16"))
     ap.add_argument("-ctv", "--cache-type-v", type=A.comma_list(A.choice(A.CACHE_TYPES, "cache type")),
-                    default=A.comma_list(A.choice(A.CACHE_TYPES, "cache type"))(env("CACHE_TYPE_V", "f16")))
+                    default=env("CACHE_TYPE_V", "f16"))
     ap.add_argument("-t", "--threads", type=A.comma_list(A.positive_int), default=None)
     ap.add_argument("-so", "--split-overlap", type=A.comma_list(A.boolean),
-                    default=A.comma_list(A.boolean)(env("SPLIT_OVERLAP", "0")),
+                    default=env("SPLIT_OVERLAP", "0"),
                     help="alternate prompt ubatches between two lanes (0/1)")
     ap.add_argument("-r", "--repetitions", type=A.positive_int, default=5)
     ap.add_argument("-o", "--output", choices=list(PRINTERS), default="md")

@@ -32,18 +32,19 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 
+from pyllama_so.allreduce import (ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_GRAPH, ENV_CE_MIN_BYTES,
+                                  set_env)
+
 DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 
 # path -> (environment for the comm context, the counter that must move)
-_CE_ENV: dict[str, str | None] = {"GGML_CUDA_ALLREDUCE": None, "GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"}
-_BASE_ENV: dict[str, str | None] = {"GGML_CUDA_AR_CE": "0", "GGML_CUDA_AR_CE_MIN_BYTES": None, "GGML_CUDA_AR_CE_GRAPH": None}
-for _env in (_CE_ENV, _BASE_ENV):
-    _env["GGML_CUDA_AR_CE_CHUNK_BYTES"] = None
+_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None}
+_BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_GRAPH: None, ENV_CE_CHUNK_BYTES: None}
 PATHS: dict[str, tuple[dict[str, str | None], str]] = {
-    "ce": ({**_CE_ENV, "GGML_CUDA_AR_CE_GRAPH": None}, "ce"),
-    "ce_direct": ({**_CE_ENV, "GGML_CUDA_AR_CE_GRAPH": "0"}, "ce"),
-    "nccl": ({**_BASE_ENV, "GGML_CUDA_ALLREDUCE": "nccl"}, "nccl"),
-    "internal": ({**_BASE_ENV, "GGML_CUDA_ALLREDUCE": "internal"}, "internal"),
+    "ce": ({**_CE_ENV, ENV_CE_GRAPH: None}, "ce"),
+    "ce_direct": ({**_CE_ENV, ENV_CE_GRAPH: "0"}, "ce"),
+    "nccl": ({**_BASE_ENV, ENV_ALLREDUCE: "nccl"}, "nccl"),
+    "internal": ({**_BASE_ENV, ENV_ALLREDUCE: "internal"}, "internal"),
 }
 ORDER = ("ce", "ce_direct", "nccl", "nccl_nop2p", "internal")
 SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
@@ -52,7 +53,7 @@ SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
 def sweep_path(chunk_kib: int) -> str:
     """Registers (once) and returns the copy-engine variant with this fixed chunk size."""
     name = f"ce_c{chunk_kib}k"
-    PATHS.setdefault(name, ({**_CE_ENV, "GGML_CUDA_AR_CE_CHUNK_BYTES": str(chunk_kib << 10)}, "ce"))
+    PATHS.setdefault(name, ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(chunk_kib << 10)}, "ce"))
     return name
 
 
@@ -81,19 +82,12 @@ def fmt_size(n: int) -> str:
 
 @contextlib.contextmanager
 def environ(changes: dict[str, str | None]) -> Iterator[None]:
-    def apply(values: dict[str, str | None]) -> None:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
     saved = {k: os.environ.get(k) for k in changes}
     try:
-        apply(changes)
+        set_env(changes)
         yield
     finally:
-        apply(saved)
+        set_env(saved)
 
 
 def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int]) -> dict[str, object]:
@@ -179,15 +173,13 @@ def print_table(report: dict[str, object]) -> None:
     print("| size | path | time (µs) | algBW (GB/s) | vs ceiling | host µs to issue |")
     print("|---:|---|---:|---:|---:|---:|")
     for k, size in enumerate(sizes):
-        for name in results:
-            res = results.get(name, {})
+        for name, res in results.items():
             if "us" not in res:
                 continue
-            t = res["us"][k]
-            bw = res["algbw_gbs"][k]
             ratio = res.get("ratio_to_ceiling", [None] * len(sizes))[k]
             host = res.get("host_us", [None] * len(sizes))[k]
-            print(f"| {fmt_size(size)} | {name} | {t:.1f} | {bw:.1f} | {_fmt(ratio, '.2f')} | {_fmt(host, '.1f')} |")
+            print(f"| {fmt_size(size)} | {name} | {res['us'][k]:.1f} | {_fmt(res['algbw_gbs'][k], '.1f')} | "
+                  f"{_fmt(ratio, '.2f')} | {_fmt(host, '.1f')} |")
     for name, res in results.items():
         for key in ("error", "warning"):
             if key in res:

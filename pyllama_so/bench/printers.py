@@ -135,12 +135,12 @@ class MarkdownPrinter(Printer):
             if show:
                 self.cols.append((title, get))
         self.cols += [("test", lambda r: r.test.name), ("t/s", lambda r: f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}")]
-        self.rows: list[list[str]] = []
+        self.titled = False
 
     def result(self, r: TestResult) -> None:
         row = [get(r) for _, get in self.cols]
-        self.rows.append(row)
-        if len(self.rows) == 1:
+        if not self.titled:
+            self.titled = True
             self._line([t for t, _ in self.cols])
             self._line(["-" * max(3, len(t) - 1) + ":" for t, _ in self.cols])
         self._line(row)

@@ -183,6 +183,8 @@ def _run_test(ctx: _llama.Context, cp: ContextParams, test: Test, reps: int, war
 
 def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestResult]:
     """Run every combination; yield each result as soon as it is measured."""
+    if any(params.split_overlap):  # before any model is loaded
+        raise NotImplementedError("-so 1: split overlap is not wired to the library yet")
     total = params.count()
     index = 0
     tty = sys.stderr.isatty()
@@ -191,8 +193,6 @@ def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestR
                                   main_gpu=mp.main_gpu, tensor_split=list(mp.tensor_split) or None)
         try:
             for cp in params.context_params():
-                if cp.split_overlap:
-                    raise NotImplementedError("-so 1: split overlap is not wired to the library yet")
                 for test in params.tests():
                     index += 1
 
