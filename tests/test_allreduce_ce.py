@@ -7,6 +7,7 @@ F32 -> BF16 (nearest even), added in F32 as part0 + part1.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -85,10 +86,6 @@ def special_data(n: int, seed: int) -> np.ndarray:
     return x
 
 
-def run_ce(a0: np.ndarray, a1: np.ndarray, **kw: object) -> tuple[np.ndarray, np.ndarray]:
-    return _llama.allreduce_run(a0, a1, **kw)
-
-
 # The copy-engine schedule is replayed as a CUDA graph (default) or issued call by call.
 SCHEDULES = ["graph", "direct"]
 
@@ -132,11 +129,8 @@ def test_run_without_cuda_raises() -> None:
         _llama.allreduce_run(np.zeros(4, np.float32), np.zeros(4, np.float32))
 
 
-def test_configure_allreduce_sets_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for k in KNOBS:
-        monkeypatch.delenv(k, raising=False)
+def test_configure_allreduce_sets_env(knobs: pytest.MonkeyPatch) -> None:
     allreduce.configure_allreduce(copy_engines=True, min_bytes=1)
-    import os
     assert os.environ["GGML_CUDA_AR_CE"] == "1" and os.environ["GGML_CUDA_AR_CE_MIN_BYTES"] == "1"
     allreduce.configure_allreduce(copy_engines=False)
     assert os.environ["GGML_CUDA_AR_CE"] == "0" and "GGML_CUDA_AR_CE_MIN_BYTES" not in os.environ
@@ -158,12 +152,9 @@ def test_configure_allreduce_sets_env(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"chunk_bytes": 8 << 20}, ValueError),
     ({"chunk_bytes": 1.0}, TypeError),
 ])
-def test_configure_allreduce_validates(monkeypatch: pytest.MonkeyPatch, kwargs: dict, exc: type) -> None:
-    for k in KNOBS:
-        monkeypatch.delenv(k, raising=False)
+def test_configure_allreduce_validates(knobs: pytest.MonkeyPatch, kwargs: dict, exc: type) -> None:
     with pytest.raises(exc):
         allreduce.configure_allreduce(**kwargs)
-    import os
     assert not any(k in os.environ for k in KNOBS)
 
 
@@ -198,7 +189,7 @@ SIZES = [1, 2, 3, 1001, CHUNK_ELEMS - 1, CHUNK_ELEMS + 7, SLOT_ELEMS, SLOT_ELEMS
 def test_ce_bitwise(knobs: pytest.MonkeyPatch, n: int, schedule: str) -> None:
     force_ce(knobs, schedule)
     a0, a1 = special_data(n, 1), special_data(n, 2)
-    r0, r1 = run_ce(a0, a1)
+    r0, r1 = _llama.allreduce_run(a0, a1)
     assert_same_on_both(r0, r1)
     assert_bitwise(r0, emulate(a0, a1), f"n={n}")
     st = allreduce.allreduce_stats()
@@ -216,7 +207,7 @@ def test_ce_bitwise_fixed_chunk_sizes(knobs: pytest.MonkeyPatch, n: int, chunk: 
     force_ce(knobs, "graph")
     knobs.setenv("GGML_CUDA_AR_CE_CHUNK_BYTES", str(chunk))
     a0, a1 = special_data(n, 8), special_data(n, 9)
-    r0, r1 = run_ce(a0, a1, n_iter=1)
+    r0, r1 = _llama.allreduce_run(a0, a1, n_iter=1)
     assert_same_on_both(r0, r1)
     assert_bitwise(r0, emulate(a0, a1), f"n={n} chunk={chunk}")
     assert_schedule_ran("graph", 1, 1)
@@ -235,7 +226,7 @@ def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive
         a0[:] = np.nan
     if inactive & 2:
         a1[:] = np.nan
-    r0, r1 = run_ce(a0, a1, inactive=inactive)
+    r0, r1 = _llama.allreduce_run(a0, a1, inactive=inactive)
     assert_same_on_both(r0, r1)
     assert_bitwise(r0, emulate(a0, a1, inactive), f"inactive={inactive}")
     assert allreduce.allreduce_stats().paths["ce"].calls == 1
@@ -244,9 +235,8 @@ def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive
 @pytest.mark.gpu
 @needs_two_gpus
 def test_empty_reduction(knobs: pytest.MonkeyPatch) -> None:
-    knobs.setenv("GGML_CUDA_AR_CE", "1")
-    knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", "1")
-    r0, r1 = run_ce(np.zeros(0, np.float32), np.zeros(0, np.float32))
+    force_ce(knobs, "graph")
+    r0, r1 = _llama.allreduce_run(np.zeros(0, np.float32), np.zeros(0, np.float32))
     assert r0.size == 0 and r1.size == 0
     assert allreduce.allreduce_stats().total_calls == 0  # nothing to move, on any path
 
@@ -259,7 +249,7 @@ def test_routing_by_size(knobs: pytest.MonkeyPatch) -> None:
     large = MIN_BYTES_DEFAULT // 4
     for n in (small, large):
         a0, a1 = special_data(n, 5), special_data(n, 6)
-        r0, r1 = run_ce(np.nan_to_num(a0, posinf=0, neginf=0), np.nan_to_num(a1, posinf=0, neginf=0))
+        r0, r1 = _llama.allreduce_run(np.nan_to_num(a0, posinf=0, neginf=0), np.nan_to_num(a1, posinf=0, neginf=0))
         assert_same_on_both(r0, r1)
     st = allreduce.allreduce_stats()
     assert st.paths["ce"].calls == 1 and st.paths["ce"].bytes == 4 * large
@@ -269,8 +259,8 @@ def test_routing_by_size(knobs: pytest.MonkeyPatch) -> None:
 
     allreduce.reset_allreduce_stats()
     knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", str(4 * 1000))
-    run_ce(np.ones(999, np.float32), np.ones(999, np.float32))
-    run_ce(np.ones(1000, np.float32), np.ones(1000, np.float32))
+    _llama.allreduce_run(np.ones(999, np.float32), np.ones(999, np.float32))
+    _llama.allreduce_run(np.ones(1000, np.float32), np.ones(1000, np.float32))
     assert allreduce.allreduce_stats().paths["ce"].calls == 1
 
 
@@ -280,7 +270,7 @@ def test_knob_off_sends_large_to_base_path(knobs: pytest.MonkeyPatch) -> None:
     knobs.setenv("GGML_CUDA_AR_CE", "0")
     n = 4 * SLOT_ELEMS
     a0, a1 = np.ones(n, np.float32), np.full(n, 2.0, np.float32)
-    r0, r1 = run_ce(a0, a1)
+    r0, r1 = _llama.allreduce_run(a0, a1)
     np.testing.assert_array_equal(r0, 3.0)
     np.testing.assert_array_equal(r1, 3.0)
     st = allreduce.allreduce_stats()
@@ -292,7 +282,7 @@ def test_knob_off_sends_large_to_base_path(knobs: pytest.MonkeyPatch) -> None:
 @needs_two_gpus
 def test_knob_force_with_configure(knobs: pytest.MonkeyPatch) -> None:
     allreduce.configure_allreduce(copy_engines=True, min_bytes=1)
-    run_ce(np.ones(10, np.float32), np.ones(10, np.float32))
+    _llama.allreduce_run(np.ones(10, np.float32), np.ones(10, np.float32))
     st = allreduce.allreduce_stats()
     assert st.paths["ce"].calls == 1 and st.ce_buffer_allocs == 1
 
@@ -305,7 +295,7 @@ def test_allocation_failure_falls_back(knobs: pytest.MonkeyPatch) -> None:
     n = SLOT_ELEMS + 17
     rng = np.random.default_rng(7)
     a0, a1 = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
-    r0, r1 = run_ce(a0, a1, n_iter=1)
+    r0, r1 = _llama.allreduce_run(a0, a1, n_iter=1)
     assert_same_on_both(r0, r1)
     np.testing.assert_allclose(r0, a0 + a1, rtol=2e-2, atol=5e-2)  # NCCL/internal: BF16 on the wire
     st = allreduce.allreduce_stats()
@@ -327,7 +317,7 @@ def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int, 
     rng = np.random.default_rng(n ^ n_iter)
     a0 = rng.standard_normal(n * n_iter).astype(np.float32)
     a1 = rng.standard_normal(n * n_iter).astype(np.float32)
-    r0, r1 = run_ce(a0, a1, n_iter=n_iter)
+    r0, r1 = _llama.allreduce_run(a0, a1, n_iter=n_iter)
     assert_same_on_both(r0, r1)
     want = emulate(a0, a1)
     for k in range(n_iter):
