@@ -28,6 +28,7 @@ cdef extern from "pyllama-so-allreduce.h" nogil:
         int64_t n
         int32_t n_iter
         uint32_t inactive
+        int64_t n_alt
         const float * input[2]
         float * output[2]
 
@@ -111,12 +112,14 @@ def allreduce_stats_reset():
         fn()
 
 
-def allreduce_run(a0, a1, int n_iter=1, unsigned int inactive=0, devices=(0, 1)):
+def allreduce_run(a0, a1, int n_iter=1, unsigned int inactive=0, devices=(0, 1), int64_t n_alt=0):
     """Reduce a0 (device devices[0]) with a1 (devices[1]) through a fresh CUDA comm context.
 
     a0, a1: float32 arrays of n_iter * n elements; reduction k uses elements [k*n, (k+1)*n).
     All reductions are issued back to back without host synchronization. Returns (r0, r1), the
     results as each device holds them. inactive: bit i marks device i's part as an inactive shard.
+    n_alt: 0, or the size (1..n) of the odd reductions, which then reduce only their first n_alt
+    elements and return the rest of their part unchanged (reductions of alternating sizes).
     """
     cdef pyllama_so_allreduce_run_t fn = <pyllama_so_allreduce_run_t> _ar_proc(PYLLAMA_SO_AR_RUN_NAME)
     if fn == NULL:
@@ -127,6 +130,8 @@ def allreduce_run(a0, a1, int n_iter=1, unsigned int inactive=0, devices=(0, 1))
     x1 = np.ascontiguousarray(a1, dtype=np.float32).ravel()
     if x0.shape != x1.shape or x0.size % n_iter != 0:
         raise ValueError("a0 and a1 must have the same size, a multiple of n_iter")
+    if n_alt < 0 or n_alt > x0.size // n_iter:
+        raise ValueError("n_alt must be 0 or from 1 to the size of one reduction")
     r0 = np.empty_like(x0)
     r1 = np.empty_like(x1)
     cdef float[::1] vx0 = x0
@@ -142,6 +147,7 @@ def allreduce_run(a0, a1, int n_iter=1, unsigned int inactive=0, devices=(0, 1))
     p.n = x0.size // n_iter
     p.n_iter = n_iter
     p.inactive = inactive
+    p.n_alt = n_alt
     p.input[0] = &vx0[0] if x0.size else dummy
     p.input[1] = &vx1[0] if x1.size else dummy
     p.output[0] = &vr0[0] if r0.size else dummy

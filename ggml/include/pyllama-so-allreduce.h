@@ -37,13 +37,15 @@ struct pyllama_so_allreduce_stats {
 
 // Run n_iter reductions of n F32 elements on two devices through a fresh comm context (routed as
 // the meta backend's would be, env vars read now), back to back without host synchronization;
-// reduction k reads input[i][k*n ...] and its result lands in output[i][k*n ...].
+// reduction k reads input[i][k*n ...] and its result lands in output[i][k*n ...]. With n_alt > 0,
+// odd reductions reduce only their first n_alt elements (the rest of their output is the input).
 struct pyllama_so_allreduce_run_params {
     uint64_t      size;
     int32_t       devices[2];
     int64_t       n;
     int32_t       n_iter;
     uint32_t      inactive;  // bit i set: device i's tensor lacks GGML_TENSOR_FLAG_COMPUTE (contributes zeros)
+    int64_t       n_alt;     // 0, or 1..n: the size of the odd reductions (sizes alternate)
     const float * input[2];
     float *       output[2];
 };

@@ -135,7 +135,7 @@ struct ggml_cuda_ce_rig {
 } // namespace
 
 int ggml_cuda_ce_run(const pyllama_so_allreduce_run_params * p) {
-    if (p == nullptr || p->size != sizeof(*p) || p->n < 0 || p->n_iter < 1 ||
+    if (p == nullptr || p->size != sizeof(*p) || p->n < 0 || p->n_iter < 1 || p->n_alt < 0 || p->n_alt > p->n ||
         p->input[0] == nullptr || p->input[1] == nullptr || p->output[0] == nullptr || p->output[1] == nullptr) {
         return PYLLAMA_SO_AR_EINVAL;
     }
@@ -147,7 +147,9 @@ int ggml_cuda_ce_run(const pyllama_so_allreduce_run_params * p) {
     const size_t row   = (size_t) p->n * sizeof(float);
     const size_t total = row * (size_t) p->n_iter;
     ggml_tensor * t[2];
-    if (!rig.alloc_work(p->n) || !rig.work_tensors(p->n, p->inactive, t)) {
+    ggml_tensor * t_alt[2]; // the first n_alt elements of t, for the odd reductions
+    if (!rig.alloc_work(p->n) || !rig.work_tensors(p->n, p->inactive, t) ||
+        (p->n_alt > 0 && !rig.work_tensors(p->n_alt, p->inactive, t_alt))) {
         return PYLLAMA_SO_AR_ENOMEM;
     }
     char * in[2];
@@ -169,7 +171,7 @@ int ggml_cuda_ce_run(const pyllama_so_allreduce_run_params * p) {
                 CUDA_CHECK(cudaMemcpyAsync(t[i]->data, in[i] + (size_t) it * row, row, cudaMemcpyDeviceToDevice, rig.stream(i)));
             }
         }
-        if (!rig.allreduce(rig.comm, t)) {
+        if (!rig.allreduce(rig.comm, p->n_alt > 0 && it % 2 == 1 ? t_alt : t)) {
             rc = PYLLAMA_SO_AR_EDECLINED;
             break;
         }

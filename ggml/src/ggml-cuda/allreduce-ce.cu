@@ -179,11 +179,32 @@ static size_t ggml_cuda_ce_chunk_bytes(const size_t fixed, const size_t wire_byt
     return chunk;
 }
 
-// GGML_CUDA_AR_CE_GRAPH=0: issue the schedule's copies, kernels and events one by one on every call
-// instead of replaying it as a CUDA graph (for comparison and debugging; the results are the same).
-static bool ggml_cuda_ce_env_graph() {
-    const char * v = getenv("GGML_CUDA_AR_CE_GRAPH");
-    return v == nullptr || v[0] == '\0' || strcmp(v, "0") != 0;
+// How a reduction's copies, kernels and events are put on the GPUs (GGML_CUDA_AR_CE_SCHEDULE).
+enum ggml_cuda_ce_schedule {
+    // default: conversion and sum on each GPU's compute stream, copies on its send and receive
+    // streams; each GPU is ordered by its own compute stream and waits for the peer only where
+    // data crosses (the peer's chunk landed, the peer finished reading a host slot)
+    GGML_CUDA_CE_SCHEDULE_STREAMS,
+    // four streams per GPU joined into GPU 0's compute stream, captured once per size into one
+    // CUDA graph over both GPUs and replayed
+    GGML_CUDA_CE_SCHEDULE_GRAPH,
+    // the graph's schedule issued call by call
+    GGML_CUDA_CE_SCHEDULE_JOINED,
+};
+
+static ggml_cuda_ce_schedule ggml_cuda_ce_env_schedule() {
+    const char * v = getenv("GGML_CUDA_AR_CE_SCHEDULE");
+    if (v == nullptr || v[0] == '\0' || strcmp(v, "streams") == 0) {
+        return GGML_CUDA_CE_SCHEDULE_STREAMS;
+    }
+    if (strcmp(v, "graph") == 0) {
+        return GGML_CUDA_CE_SCHEDULE_GRAPH;
+    }
+    if (strcmp(v, "joined") == 0) {
+        return GGML_CUDA_CE_SCHEDULE_JOINED;
+    }
+    GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE_SCHEDULE=\"%s\" (expected streams, graph or joined)\n", __func__, v);
+    return GGML_CUDA_CE_SCHEDULE_STREAMS;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -265,7 +286,8 @@ struct ggml_cuda_ce_router {
     bool   ce_enabled = false; // large F32 reductions go to the copy engines
     size_t min_bytes  = GGML_CUDA_CE_MIN_BYTES_DEFAULT;
     bool   fail_alloc = false;
-    bool   use_graphs = true;  // GGML_CUDA_AR_CE_GRAPH
+    ggml_cuda_ce_schedule schedule = GGML_CUDA_CE_SCHEDULE_STREAMS;
+    bool   use_graphs = false; // GRAPH schedule and no capture has failed
     size_t chunk_bytes = 0;    // GGML_CUDA_AR_CE_CHUNK_BYTES; 0: automatic
 
     ggml_cuda_ce_state  state = GGML_CUDA_CE_STATE_UNALLOCATED;
@@ -277,6 +299,7 @@ struct ggml_cuda_ce_router {
 
     std::vector<ggml_cuda_ce_graph> graphs;
     bool capture_logged = false;
+    int  next_slot      = 0; // STREAMS: slots alternate across reductions too
 };
 
 static constexpr size_t GGML_CUDA_CE_ARGS_OFFSET = GGML_CUDA_CE_VRAM_BYTES;
@@ -311,12 +334,21 @@ static __global__ void ggml_cuda_ce_set_args_kernel(ggml_cuda_ce_args * args, co
     args->dst = dst;
 }
 
-static __global__ void ggml_cuda_ce_to_bf16_kernel(
-        const ggml_cuda_ce_args * __restrict__ args, const int64_t off, uint16_t * __restrict__ dst, const int n) {
-    const float * src = args->src;
+static __device__ __forceinline__ void ggml_cuda_ce_to_bf16(
+        const float * __restrict__ src, const int64_t off, uint16_t * __restrict__ dst, const int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         dst[i] = src != nullptr ? ggml_cuda_ce_f32_to_bf16(src[off + i]) : (uint16_t) 0;
     }
+}
+
+static __global__ void ggml_cuda_ce_to_bf16_kernel(
+        const ggml_cuda_ce_args * __restrict__ args, const int64_t off, uint16_t * __restrict__ dst, const int n) {
+    ggml_cuda_ce_to_bf16(args->src, off, dst, n);
+}
+
+static __global__ void ggml_cuda_ce_to_bf16_ptr_kernel(
+        const float * __restrict__ src, const int64_t off, uint16_t * __restrict__ dst, const int n) {
+    ggml_cuda_ce_to_bf16(src, off, dst, n);
 }
 
 // dst = part0 + part1 in this order on both GPUs, so both results are bit-identical.
@@ -326,6 +358,18 @@ static __global__ void ggml_cuda_ce_add_kernel(
     float * dst = args->dst + off;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         dst[i] = ggml_cuda_ce_add_rn(ggml_cuda_ce_bf16_to_f32(part0[i]), ggml_cuda_ce_bf16_to_f32(part1[i]));
+    }
+}
+
+// The same sum with our part rounded again from the tensor instead of read from the send part, so
+// that the send part is free as soon as it is copied out. own == nullptr: inactive shard (zeros).
+// own and dst may be the same tensor: each element is read before it is written, by one thread.
+static __global__ void ggml_cuda_ce_add_own_kernel(
+        const float * own, const uint16_t * __restrict__ peer, float * dst, const bool own_first, const int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float a = ggml_cuda_ce_bf16_to_f32(own != nullptr ? ggml_cuda_ce_f32_to_bf16(own[i]) : (uint16_t) 0);
+        const float b = ggml_cuda_ce_bf16_to_f32(peer[i]);
+        dst[i] = own_first ? ggml_cuda_ce_add_rn(a, b) : ggml_cuda_ce_add_rn(b, a);
     }
 }
 
@@ -434,7 +478,8 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
                   "reductions from %zu bytes, chunks of %s%s\n", __func__,
                   r->dev_ids[0], r->dev_ids[1], GGML_CUDA_CE_VRAM_BYTES >> 20, GGML_CUDA_CE_HOST_BYTES >> 20,
                   r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "512 KiB to 2 MiB by size",
-                  r->use_graphs ? "" : " (GGML_CUDA_AR_CE_GRAPH=0: no graph replay)");
+                  r->schedule == GGML_CUDA_CE_SCHEDULE_GRAPH  ? ", schedule graph" :
+                  r->schedule == GGML_CUDA_CE_SCHEDULE_JOINED ? ", schedule joined" : "");
     return true;
 }
 
@@ -610,12 +655,128 @@ static cudaGraphExec_t ggml_cuda_ce_graph_get(ggml_cuda_ce_router * r, const int
     return exec;
 }
 
+// The STREAMS schedule of one reduction. Per GPU i (p = peer), round k in slot s:
+//   compute[i]: wait own d2h_done(s) (the send part was copied out); convert chunk 0 -> conv[0],
+//               the rest -> conv[1]; then the sum of round k-2 (see below)
+//   send[i]:    wait peer h2d[1](s) (the peer finished reading our host slot); per chunk: wait
+//               conv[0] (chunk 0) or conv[1] (chunk 1), D2H -> d2h(c); then d2h_done
+//   recv[i]:    wait own add_done(s) (the sum read the receive part); per chunk: wait peer d2h(c),
+//               H2D; h2d[0] before the last chunk, h2d[1] after it
+//   sum, on compute[i]: wait h2d[0], chunks 0..n-2; wait h2d[1], the last chunk -> add_done(s)
+// The sum of round k is put on the compute stream after the conversion of round k+2, so that the
+// conversions do not queue behind the copies. Each wait is issued after the record it means, for
+// both GPUs, and slots alternate across reductions, so consecutive reductions need no join: each
+// GPU continues as soon as its own sum is done.
+static void ggml_cuda_ce_issue_streams(ggml_cuda_ce_router * r, cudaStream_t compute[2], const float * src[2],
+                                       float * dst[2], const int64_t ne) {
+    const int64_t n_rounds    = ggml_cuda_ce_n_rounds(ne);
+    const int64_t chunk_elems = (int64_t) (ggml_cuda_ce_chunk_bytes(r->chunk_bytes, (size_t) ne * sizeof(uint16_t)) / sizeof(uint16_t));
+    const int     slot0       = r->next_slot;
+    r->next_slot = (int) ((slot0 + n_rounds) % GGML_CUDA_CE_N_SLOTS);
+
+    struct round_t { int s; int64_t off; int64_t m; int n; };
+    auto round_of = [&](const int64_t k) {
+        round_t rd;
+        rd.s   = (int) ((slot0 + k) % GGML_CUDA_CE_N_SLOTS);
+        rd.off = k * GGML_CUDA_CE_SLOT_ELEMS;
+        rd.m   = std::min(GGML_CUDA_CE_SLOT_ELEMS, ne - rd.off);
+        rd.n   = (int) ((rd.m + chunk_elems - 1) / chunk_elems);
+        return rd;
+    };
+    // elements [c0, c1) chunks of a round: first element, count
+    auto span = [&](const round_t & rd, const int c0, const int c1) {
+        const int64_t e0 = c0 * chunk_elems;
+        return std::make_pair(e0, (int) (std::min(c1 * chunk_elems, rd.m) - e0));
+    };
+    auto sum = [&](const int64_t k) {
+        const round_t rd = round_of(k);
+        for (int i = 0; i < 2; ++i) {
+            ggml_cuda_ce_device & d = r->dev[i];
+            ggml_cuda_set_device(d.device);
+            const float * own = src[i] != nullptr ? src[i] + rd.off : nullptr;
+            for (int piece = 0; piece < 2; ++piece) {
+                const int c0 = piece == 0 ? 0 : rd.n - 1;
+                const int c1 = piece == 0 ? rd.n - 1 : rd.n;
+                if (c0 == c1) {
+                    continue;
+                }
+                const auto [e0, n] = span(rd, c0, c1);
+                CUDA_CHECK(cudaStreamWaitEvent(compute[i], d.h2d_ev[rd.s][piece], 0));
+                ggml_cuda_ce_add_own_kernel<<<ggml_cuda_ce_grid(n), 256, 0, compute[i]>>>(
+                    own != nullptr ? own + e0 : nullptr, d.recv_part(rd.s) + e0, dst[i] + rd.off + e0, i == 0, n);
+                CUDA_CHECK(cudaGetLastError());
+            }
+            CUDA_CHECK(cudaEventRecord(d.add_done[rd.s], compute[i]));
+        }
+    };
+
+    for (int64_t k = 0; k < n_rounds; ++k) {
+        const round_t rd = round_of(k);
+        const int s = rd.s;
+        for (int i = 0; i < 2; ++i) {
+            ggml_cuda_ce_device & d = r->dev[i];
+            ggml_cuda_set_device(d.device);
+            CUDA_CHECK(cudaStreamWaitEvent(compute[i], d.d2h_done[s], 0));
+            for (int piece = 0; piece < 2; ++piece) {
+                const auto [e0, n] = span(rd, piece == 0 ? 0 : 1, piece == 0 ? 1 : rd.n);
+                if (n > 0) {
+                    ggml_cuda_ce_to_bf16_ptr_kernel<<<ggml_cuda_ce_grid(n), 256, 0, compute[i]>>>(
+                        src[i], rd.off + e0, d.send_part(s) + e0, n);
+                    CUDA_CHECK(cudaGetLastError());
+                }
+                CUDA_CHECK(cudaEventRecord(d.conv_ev[s][piece], compute[i]));
+            }
+        }
+        if (k >= GGML_CUDA_CE_N_SLOTS) {
+            sum(k - GGML_CUDA_CE_N_SLOTS);
+        }
+        for (int i = 0; i < 2; ++i) {
+            ggml_cuda_ce_device & d  = r->dev[i];
+            ggml_cuda_ce_device & dp = r->dev[1 - i];
+            cudaStream_t st = d.streams[GGML_CUDA_CE_SEND];
+            ggml_cuda_set_device(d.device);
+            CUDA_CHECK(cudaStreamWaitEvent(st, dp.h2d_ev[s][1], 0));
+            for (int c = 0; c < rd.n; ++c) {
+                if (c <= 1) {
+                    CUDA_CHECK(cudaStreamWaitEvent(st, d.conv_ev[s][c], 0));
+                }
+                const auto [e0, n] = span(rd, c, c + 1);
+                CUDA_CHECK(cudaMemcpyAsync(d.host_part(s) + e0 * sizeof(uint16_t), d.send_part(s) + e0,
+                                           (size_t) n * sizeof(uint16_t), cudaMemcpyDeviceToHost, st));
+                CUDA_CHECK(cudaEventRecord(d.d2h_ev[s][c], st));
+            }
+            CUDA_CHECK(cudaEventRecord(d.d2h_done[s], st));
+        }
+        for (int i = 0; i < 2; ++i) {
+            ggml_cuda_ce_device & d  = r->dev[i];
+            ggml_cuda_ce_device & dp = r->dev[1 - i];
+            cudaStream_t st = d.streams[GGML_CUDA_CE_RECV];
+            ggml_cuda_set_device(d.device);
+            CUDA_CHECK(cudaStreamWaitEvent(st, d.add_done[s], 0));
+            for (int c = 0; c < rd.n; ++c) {
+                if (c == rd.n - 1) {
+                    CUDA_CHECK(cudaEventRecord(d.h2d_ev[s][0], st)); // chunks 0..n-2 are in
+                }
+                const auto [e0, n] = span(rd, c, c + 1);
+                CUDA_CHECK(cudaStreamWaitEvent(st, dp.d2h_ev[s][c], 0));
+                CUDA_CHECK(cudaMemcpyAsync(d.recv_part(s) + e0, dp.host_part(s) + e0 * sizeof(uint16_t),
+                                           (size_t) n * sizeof(uint16_t), cudaMemcpyHostToDevice, st));
+            }
+            CUDA_CHECK(cudaEventRecord(d.h2d_ev[s][1], st));
+        }
+    }
+    for (int64_t k = std::max<int64_t>(0, n_rounds - GGML_CUDA_CE_N_SLOTS); k < n_rounds; ++k) {
+        sum(k);
+    }
+}
+
 #undef GGML_CUDA_CE_TRY
 
-// One reduction: both compute streams write the args; GPU 0's compute stream waits for GPU 1's and
-// runs the schedule (graph replay, or issued directly) in its own order, and GPU 1's compute stream
-// waits for its end. The next reduction's schedule starts only after this one's (both are in GPU 0's
-// compute stream order), so the slots need no ordering across calls.
+// One reduction. STREAMS: see ggml_cuda_ce_issue_streams. GRAPH and JOINED: both compute streams
+// write the args; GPU 0's compute stream waits for GPU 1's and runs the schedule (graph replay, or
+// issued directly) in its own order, and GPU 1's compute stream waits for its end. The next
+// reduction's schedule starts only after this one's (both are in GPU 0's compute stream order), so
+// the slots need no ordering across calls there.
 static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tensors) {
     cudaStream_t compute[2];
     for (int i = 0; i < 2; ++i) {
@@ -644,6 +805,21 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
     }
 
     const int64_t ne = ggml_nelements(tensors[0]);
+    g_ce_rounds.fetch_add((uint64_t) ggml_cuda_ce_n_rounds(ne), std::memory_order_relaxed);
+
+    if (r->schedule == GGML_CUDA_CE_SCHEDULE_STREAMS) {
+        const float * src[2];
+        float *       dst[2];
+        for (int i = 0; i < 2; ++i) {
+            // inactive shard / empty slice: contributes zeros, as on the NCCL and internal paths
+            dst[i] = static_cast<float *>(tensors[i]->data);
+            src[i] = (tensors[i]->flags & GGML_TENSOR_FLAG_COMPUTE) != 0 ? dst[i] : nullptr;
+        }
+        ggml_cuda_ce_issue_streams(r, compute, src, dst, ne);
+        g_ce_direct.fetch_add(1, std::memory_order_relaxed);
+        return true;
+    }
+
     cudaGraphExec_t exec = r->use_graphs ? ggml_cuda_ce_graph_get(r, ne) : nullptr;
 
     for (int i = 0; i < 2; ++i) {
@@ -668,8 +844,6 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
     CUDA_CHECK(cudaEventRecord(r->done, compute[0]));
     ggml_cuda_set_device(r->dev_ids[1]);
     CUDA_CHECK(cudaStreamWaitEvent(compute[1], r->done, 0));
-
-    g_ce_rounds.fetch_add((uint64_t) ggml_cuda_ce_n_rounds(ne), std::memory_order_relaxed);
     return true;
 }
 
@@ -721,7 +895,8 @@ ggml_cuda_ce_router * ggml_cuda_ce_router_init(
     }
     r->min_bytes  = ggml_cuda_ce_env_min_bytes();
     r->fail_alloc = ggml_cuda_ce_env_fail_alloc();
-    r->use_graphs = ggml_cuda_ce_env_graph();
+    r->schedule   = ggml_cuda_ce_env_schedule();
+    r->use_graphs = r->schedule == GGML_CUDA_CE_SCHEDULE_GRAPH;
     r->chunk_bytes = ggml_cuda_ce_env_chunk_bytes();
 
     const int mode = ggml_cuda_ce_env_mode();
