@@ -19,8 +19,6 @@ cdef extern from "pyllama-so-allreduce.h" nogil:
         uint64_t ce_rounds
         uint64_t ce_buffer_allocs
         uint64_t ce_alloc_failures
-        uint64_t ce_graphs
-        uint64_t ce_direct
 
     struct pyllama_so_allreduce_run_params:
         uint64_t size
@@ -101,8 +99,6 @@ def allreduce_stats():
         "ce_rounds": int(st.ce_rounds),
         "ce_buffer_allocs": int(st.ce_buffer_allocs),
         "ce_alloc_failures": int(st.ce_alloc_failures),
-        "ce_graphs": int(st.ce_graphs),
-        "ce_direct": int(st.ce_direct),
     }
 
 

@@ -40,9 +40,6 @@ PATHS: tuple[str, ...] = tuple(_llama.ALLREDUCE_PATHS)
 ENV_CE = "GGML_CUDA_AR_CE"
 ENV_CE_MIN_BYTES = "GGML_CUDA_AR_CE_MIN_BYTES"
 ENV_CE_CHUNK_BYTES = "GGML_CUDA_AR_CE_CHUNK_BYTES"
-ENV_CE_SCHEDULE = "GGML_CUDA_AR_CE_SCHEDULE"
-# how a copy-engine reduction is put on the GPUs; the first is the default (docs/multi-gpu.md)
-SCHEDULES: tuple[str, ...] = ("streams", "graph", "joined")
 ENV_ALLREDUCE = "GGML_CUDA_ALLREDUCE"  # upstream's base path: nccl, internal, none
 CHUNK_BYTES_RANGE = (64 << 10, 4 << 20)
 
@@ -62,8 +59,6 @@ class AllReduceStats:
     ce_rounds: int = 0
     ce_buffer_allocs: int = 0
     ce_alloc_failures: int = 0
-    ce_graphs: int = 0  # copy-engine schedules captured into a CUDA graph (schedule "graph", one per size)
-    ce_direct: int = 0  # copy-engine reductions issued call by call (schedules "streams" and "joined")
 
     @property
     def total_calls(self) -> int:
@@ -87,8 +82,6 @@ def allreduce_stats() -> AllReduceStats:
         ce_rounds=raw["ce_rounds"],
         ce_buffer_allocs=raw["ce_buffer_allocs"],
         ce_alloc_failures=raw["ce_alloc_failures"],
-        ce_graphs=raw["ce_graphs"],
-        ce_direct=raw["ce_direct"],
     )
 
 
@@ -97,7 +90,7 @@ def reset_allreduce_stats() -> None:
 
 
 def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None = None,
-                        chunk_bytes: int | None = None, schedule: str | None = None) -> None:
+                        chunk_bytes: int | None = None) -> None:
     """Set the copy-engine knobs for comm contexts created from now on.
 
     Must be called before creating a ``Llama`` (or anything else that builds a ``split_mode="tensor"``
@@ -110,7 +103,6 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
     chunk_bytes: bytes per copy-engine copy, a power of two from 64 KiB to 4 MiB; None = automatic
         (512 KiB to 2 MiB, about four chunks per reduction). Smaller chunks start the receiving
         copies sooner but each copy has a fixed cost.
-    schedule: None = default ("streams"); "graph" or "joined" for comparison (see SCHEDULES).
     """
     if copy_engines is not None and not isinstance(copy_engines, bool):
         raise TypeError(f"copy_engines must be bool or None, not {type(copy_engines).__name__}")
@@ -125,13 +117,10 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
         lo, hi = CHUNK_BYTES_RANGE
         if not lo <= chunk_bytes <= hi or chunk_bytes & (chunk_bytes - 1):
             raise ValueError(f"chunk_bytes must be a power of two from {lo} to {hi}, got {chunk_bytes}")
-    if schedule is not None and schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)} or None, got {schedule!r}")
     set_env({
         ENV_CE: None if copy_engines is None else ("1" if copy_engines else "0"),
         ENV_CE_MIN_BYTES: None if min_bytes is None else str(min_bytes),
         ENV_CE_CHUNK_BYTES: None if chunk_bytes is None else str(chunk_bytes),
-        ENV_CE_SCHEDULE: schedule,
     })
 
 

@@ -22,7 +22,7 @@ SLOT_ELEMS = 4 * 1024 * 1024 // 2  # one slot (the per-round buffer) in BF16 ele
 MIN_BYTES_DEFAULT = 512 * 1024
 
 KNOBS = ("GGML_CUDA_ALLREDUCE", "GGML_CUDA_AR_CE", "GGML_CUDA_AR_CE_MIN_BYTES", "GGML_CUDA_AR_CE_FAIL_ALLOC",
-         "GGML_CUDA_AR_CE_SCHEDULE", "GGML_CUDA_AR_CE_CHUNK_BYTES")
+         "GGML_CUDA_AR_CE_CHUNK_BYTES")
 
 
 needs_two_gpus = pytest.mark.skipif(
@@ -86,27 +86,9 @@ def special_data(n: int, seed: int) -> np.ndarray:
     return x
 
 
-# How the copy-engine reduction is put on the GPUs: "streams" (default, issued call by call on
-# each GPU's own streams), "graph" (one CUDA graph over both GPUs, replayed), "joined" (the graph's
-# schedule issued call by call).
-SCHEDULES = list(allreduce.SCHEDULES)
-
-
-def force_ce(knobs: pytest.MonkeyPatch, schedule: str) -> None:
+def force_ce(knobs: pytest.MonkeyPatch) -> None:
     knobs.setenv("GGML_CUDA_AR_CE", "1")
     knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", "1")
-    if schedule != SCHEDULES[0]:
-        knobs.setenv("GGML_CUDA_AR_CE_SCHEDULE", schedule)
-
-
-def assert_schedule_ran(schedule: str, calls: int, sizes: int) -> None:
-    """Graph schedule: one graph per distinct size and nothing issued directly (a failed capture
-    would silently fall back to direct issue); the others: every reduction issued directly."""
-    st = allreduce.allreduce_stats()
-    if schedule == "graph":
-        assert (st.ce_graphs, st.ce_direct) == (sizes, 0)
-    else:
-        assert (st.ce_graphs, st.ce_direct) == (0, calls)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,9 +118,8 @@ def test_configure_allreduce_sets_env(knobs: pytest.MonkeyPatch) -> None:
     assert os.environ["GGML_CUDA_AR_CE"] == "1" and os.environ["GGML_CUDA_AR_CE_MIN_BYTES"] == "1"
     allreduce.configure_allreduce(copy_engines=False)
     assert os.environ["GGML_CUDA_AR_CE"] == "0" and "GGML_CUDA_AR_CE_MIN_BYTES" not in os.environ
-    allreduce.configure_allreduce(chunk_bytes=1 << 20, schedule="graph")
+    allreduce.configure_allreduce(chunk_bytes=1 << 20)
     assert os.environ["GGML_CUDA_AR_CE_CHUNK_BYTES"] == str(1 << 20)
-    assert os.environ["GGML_CUDA_AR_CE_SCHEDULE"] == "graph"
     allreduce.configure_allreduce()
     assert not any(k in os.environ for k in KNOBS)
 
@@ -154,7 +135,6 @@ def test_configure_allreduce_sets_env(knobs: pytest.MonkeyPatch) -> None:
     ({"chunk_bytes": 32 << 10}, ValueError),
     ({"chunk_bytes": 8 << 20}, ValueError),
     ({"chunk_bytes": 1.0}, TypeError),
-    ({"schedule": "fast"}, ValueError),
 ])
 def test_configure_allreduce_validates(knobs: pytest.MonkeyPatch, kwargs: dict, exc: type) -> None:
     with pytest.raises(exc):
@@ -188,10 +168,9 @@ SIZES = [1, 2, 3, 1001, CHUNK_ELEMS - 1, CHUNK_ELEMS + 7, SLOT_ELEMS, SLOT_ELEMS
 
 @pytest.mark.gpu
 @needs_two_gpus
-@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("n", SIZES)
-def test_ce_bitwise(knobs: pytest.MonkeyPatch, n: int, schedule: str) -> None:
-    force_ce(knobs, schedule)
+def test_ce_bitwise(knobs: pytest.MonkeyPatch, n: int) -> None:
+    force_ce(knobs)
     a0, a1 = special_data(n, 1), special_data(n, 2)
     r0, r1 = _llama.allreduce_run(a0, a1)
     assert_same_on_both(r0, r1)
@@ -199,32 +178,28 @@ def test_ce_bitwise(knobs: pytest.MonkeyPatch, n: int, schedule: str) -> None:
     st = allreduce.allreduce_stats()
     assert st.paths["ce"].calls == 1 and st.paths["ce"].bytes == 4 * n
     assert st.ce_rounds == -(-n // SLOT_ELEMS)
-    assert_schedule_ran(schedule, 1, 1)
 
 
 @pytest.mark.gpu
 @needs_two_gpus
-@pytest.mark.parametrize("schedule", ["streams", "graph"])
 @pytest.mark.parametrize("chunk", [64 << 10, 1 << 20, 4 << 20])
 @pytest.mark.parametrize("n", [3, CHUNK_ELEMS + 7, 3 * SLOT_ELEMS + 12345])
-def test_ce_bitwise_fixed_chunk_sizes(knobs: pytest.MonkeyPatch, n: int, chunk: int, schedule: str) -> None:
+def test_ce_bitwise_fixed_chunk_sizes(knobs: pytest.MonkeyPatch, n: int, chunk: int) -> None:
     """Fixed chunk sizes: one chunk per round (4 MiB) up to 64 per round (64 KiB)."""
-    force_ce(knobs, schedule)
+    force_ce(knobs)
     knobs.setenv("GGML_CUDA_AR_CE_CHUNK_BYTES", str(chunk))
     a0, a1 = special_data(n, 8), special_data(n, 9)
     r0, r1 = _llama.allreduce_run(a0, a1, n_iter=1)
     assert_same_on_both(r0, r1)
     assert_bitwise(r0, emulate(a0, a1), f"n={n} chunk={chunk}")
-    assert_schedule_ran(schedule, 1, 1)
 
 
 @pytest.mark.gpu
 @needs_two_gpus
-@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("inactive", [1, 2, 3])
 @pytest.mark.parametrize("n", [5, CHUNK_ELEMS + 3, 2 * SLOT_ELEMS + 1])
-def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive: int, n: int, schedule: str) -> None:
-    force_ce(knobs, schedule)
+def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive: int, n: int) -> None:
+    force_ce(knobs)
     a0, a1 = special_data(n, 3), special_data(n, 4)
     # an inactive shard's data is garbage; it must not be read
     if inactive & 1:
@@ -240,7 +215,7 @@ def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive
 @pytest.mark.gpu
 @needs_two_gpus
 def test_empty_reduction(knobs: pytest.MonkeyPatch) -> None:
-    force_ce(knobs, SCHEDULES[0])
+    force_ce(knobs)
     r0, r1 = _llama.allreduce_run(np.zeros(0, np.float32), np.zeros(0, np.float32))
     assert r0.size == 0 and r1.size == 0
     assert allreduce.allreduce_stats().total_calls == 0  # nothing to move, on any path
@@ -314,11 +289,9 @@ def test_allocation_failure_falls_back(knobs: pytest.MonkeyPatch) -> None:
 @needs_two_gpus
 @pytest.mark.parametrize("n, n_iter", [(CHUNK_ELEMS + 5, 96), (SLOT_ELEMS - 3, 24), (2 * SLOT_ELEMS + 777, 12),
                                        (4097, 256)])
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int, schedule: str) -> None:
-    """Many reductions without host syncs (graph replays, or direct issue); each must equal its own
-    emulation bitwise."""
-    force_ce(knobs, schedule)
+def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int) -> None:
+    """Many reductions without host syncs; each must equal its own emulation bitwise."""
+    force_ce(knobs)
     rng = np.random.default_rng(n ^ n_iter)
     a0 = rng.standard_normal(n * n_iter).astype(np.float32)
     a1 = rng.standard_normal(n * n_iter).astype(np.float32)
@@ -330,19 +303,16 @@ def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int, 
         assert_bitwise(r0[sl], want[sl], f"reduction {k}")
     st = allreduce.allreduce_stats()
     assert st.paths["ce"].calls == n_iter and st.ce_buffer_allocs == 1
-    assert_schedule_ran(schedule, n_iter, 1)
 
 
 @pytest.mark.gpu
 @needs_two_gpus
 @pytest.mark.parametrize("n, n_alt, n_iter", [(3 * SLOT_ELEMS + 5, 7, 40), (2 * SLOT_ELEMS, SLOT_ELEMS + 1, 30),
                                               (SLOT_ELEMS + 9, CHUNK_ELEMS, 60)])
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_race_hunt_alternating_sizes(knobs: pytest.MonkeyPatch, n: int, n_alt: int, n_iter: int,
-                                     schedule: str) -> None:
+def test_race_hunt_alternating_sizes(knobs: pytest.MonkeyPatch, n: int, n_alt: int, n_iter: int) -> None:
     """Back-to-back reductions of two sizes with different numbers of rounds, as a model's prompt
     and output reductions come: the slots in use shift from one reduction to the next."""
-    force_ce(knobs, schedule)
+    force_ce(knobs)
     rng = np.random.default_rng(n_alt)
     a0 = rng.standard_normal(n * n_iter).astype(np.float32)
     a1 = rng.standard_normal(n * n_iter).astype(np.float32)
@@ -356,7 +326,6 @@ def test_race_hunt_alternating_sizes(knobs: pytest.MonkeyPatch, n: int, n_alt: i
         rest = slice(k * n + m, (k + 1) * n)
         assert np.array_equal(r0[rest], a0[rest]) and np.array_equal(r1[rest], a1[rest])
     assert allreduce.allreduce_stats().paths["ce"].calls == n_iter
-    assert_schedule_ran(schedule, n_iter, 2)
 
 
 def test_run_rejects_bad_n_alt() -> None:
@@ -375,8 +344,7 @@ def test_greedy_tokens_equal_on_every_path(knobs: pytest.MonkeyPatch, tiny_model
     from pyllama_so import Llama
 
     runs = {}
-    ce_env = {"GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"}
-    for name, env in {"ce": ce_env, "ce_graph": {**ce_env, "GGML_CUDA_AR_CE_SCHEDULE": "graph"},
+    for name, env in {"ce": {"GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"},
                       "nccl": {"GGML_CUDA_AR_CE": "0"}, "default": {}}.items():
         for k in KNOBS:
             knobs.delenv(k, raising=False)
@@ -386,13 +354,8 @@ def test_greedy_tokens_equal_on_every_path(knobs: pytest.MonkeyPatch, tiny_model
         with Llama(tiny_model, split_mode="tensor", n_ctx=256, flash_attn=True) as llm:
             runs[name] = list(llm.generate(llm.tokenize("abc"), max_tokens=24, temperature=0.0, stop_on_eog=False))
         st = allreduce.allreduce_stats()
-        if name.startswith("ce"):
-            assert st.paths["ce"].calls > 0 and st.paths["nccl"].calls == 0
         if name == "ce":
-            assert st.ce_graphs == 0 and st.ce_direct == st.paths["ce"].calls
-        elif name == "ce_graph":
-            # prompt and single-token reductions: graphs of different sizes replayed in turn
-            assert st.ce_graphs >= 2 and st.ce_direct == 0
+            assert st.paths["ce"].calls > 0 and st.paths["nccl"].calls == 0
         elif name == "nccl":
             assert st.paths["ce"].calls == 0 and st.paths["nccl"].calls > 0
-    assert runs["ce"] == runs["ce_graph"] == runs["nccl"] == runs["default"]
+    assert runs["ce"] == runs["nccl"] == runs["default"]

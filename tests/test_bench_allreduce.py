@@ -35,12 +35,8 @@ def test_sweep_paths_set_only_the_chunk_size() -> None:
     assert counter == "ce"
     assert env["GGML_CUDA_AR_CE_CHUNK_BYTES"] == str(1 << 20)
     assert env["GGML_CUDA_AR_CE"] == "1" and env["GGML_CUDA_AR_CE_MIN_BYTES"] == "1"
-    assert env["GGML_CUDA_AR_CE_SCHEDULE"] is None
-    # the default copy-engine path leaves the chunk size and the schedule to their defaults
+    # the default copy-engine path leaves the chunk size automatic
     assert ar.PATHS["ce"][0]["GGML_CUDA_AR_CE_CHUNK_BYTES"] is None
-    assert ar.PATHS["ce"][0]["GGML_CUDA_AR_CE_SCHEDULE"] is None
-    assert ar.PATHS["ce_graph"][0]["GGML_CUDA_AR_CE_SCHEDULE"] == "graph"
-    assert ar.PATHS["ce_joined"][0]["GGML_CUDA_AR_CE_SCHEDULE"] == "joined"
     # the NCCL and internal paths switch the copy engines off
     assert ar.PATHS["nccl"][0]["GGML_CUDA_AR_CE"] == "0" and ar.PATHS["internal"][0]["GGML_CUDA_AR_CE"] == "0"
 

@@ -31,8 +31,6 @@ struct pyllama_so_allreduce_stats {
     uint64_t ce_rounds;                        // slot-sized pieces moved by the copy engines
     uint64_t ce_buffer_allocs;                 // comm contexts that allocated CE buffers
     uint64_t ce_alloc_failures;                // ... and that failed to (then NCCL/internal took over)
-    uint64_t ce_graphs;                        // schedules captured into a CUDA graph (one per size)
-    uint64_t ce_direct;                        // copy-engine reductions issued call by call, not replayed
 };
 
 // Run n_iter reductions of n F32 elements on two devices through a fresh comm context (routed as

@@ -5,10 +5,7 @@
 Sizes are the 16-bit payload that crosses between the GPUs (as in docs/benchmarks.md and NCCL's
 algBW); the reduced F32 tensor is twice as large. For each size it times, in one run:
 
-  ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size), default schedule ("streams")
-  ce_graph      the copy engines with GGML_CUDA_AR_CE_SCHEDULE=graph (one CUDA graph over both GPUs)
-  ce_joined     the copy engines with GGML_CUDA_AR_CE_SCHEDULE=joined (that graph's schedule issued
-                call by call), for comparison
+  ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size)
   ce_c<K>k      with --ce-sweep: the copy-engine path with a fixed chunk of K KiB
                 (GGML_CUDA_AR_CE_CHUNK_BYTES) instead of the automatic 512 KiB-2 MiB
   nccl          NCCL as the machine allows (NVLink/peer access where present)
@@ -34,23 +31,20 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 
-from pyllama_so.allreduce import (ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES, ENV_CE_SCHEDULE,
+from pyllama_so.allreduce import (ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES,
                                   set_env)
 
 DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 
 # path -> (environment for the comm context, the counter that must move)
-_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None,
-                                  ENV_CE_SCHEDULE: None}
-_BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_SCHEDULE: None, ENV_CE_CHUNK_BYTES: None}
+_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None}
+_BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_CHUNK_BYTES: None}
 PATHS: dict[str, tuple[dict[str, str | None], str]] = {
     "ce": (_CE_ENV, "ce"),
-    "ce_graph": ({**_CE_ENV, ENV_CE_SCHEDULE: "graph"}, "ce"),
-    "ce_joined": ({**_CE_ENV, ENV_CE_SCHEDULE: "joined"}, "ce"),
     "nccl": ({**_BASE_ENV, ENV_ALLREDUCE: "nccl"}, "nccl"),
     "internal": ({**_BASE_ENV, ENV_ALLREDUCE: "internal"}, "internal"),
 }
-ORDER = ("ce", "ce_graph", "ce_joined", "nccl", "nccl_nop2p", "internal")
+ORDER = ("ce", "nccl", "nccl_nop2p", "internal")
 SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
 
 

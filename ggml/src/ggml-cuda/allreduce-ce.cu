@@ -1,20 +1,16 @@
 // pyllama_so: copy-engine AllReduce for two GPUs, and the routing of the CUDA comm context.
 //
 // Without peer access, NCCL and the internal pipeline move data through host memory with SMs.
-// Here the copy engines do it: each GPU converts its F32 part to BF16, copies it to pinned host
-// memory in chunks (512 KiB to 2 MiB, see ggml_cuda_ce_chunk_bytes) on its send stream, and on its
-// receive stream copies the peer's chunks back as soon as each has landed. A small kernel then adds the two BF16 values in F32, always as
-// part0 + part1, so both GPUs hold bit-identical results. Conversion and sum run per chunk too, so
-// the first chunk is on the link after one chunk's conversion and the last is summed right after it lands.
+// Here the copy engines do it: each GPU converts its F32 part to BF16 on its compute stream, copies
+// it to pinned host memory in chunks (512 KiB to 2 MiB, see ggml_cuda_ce_chunk_bytes) on its send
+// stream, and on its receive stream copies the peer's chunks back as soon as each has landed. A
+// small kernel on the compute stream then adds the two BF16 values in F32, always as part0 + part1,
+// so both GPUs hold bit-identical results.
 //
-// Ordering is done with events only (no host waits). The work is cut into rounds of at most one
-// slot; two slots alternate, and a chunk of a slot is only rewritten after every reader of its
-// previous round (own D2H, peer's H2D, own sum) has been waited for with an event.
-//
-// Issuing that schedule takes about ten API calls per chunk and GPU, which at these sizes costs more
-// host time than the copies take. So the schedule of each reduction size is captured once into a
-// CUDA graph (both GPUs in one graph) and replayed; the tensor's address reaches the graph's kernels
-// through a small argument block written on the compute stream before each launch.
+// Ordering is done with events only (no host waits), and each GPU is ordered by its own compute
+// stream: a GPU waits for its peer only where data crosses, never for the peer's whole reduction.
+// The work is cut into rounds of at most one slot; two slots alternate, also across reductions, and
+// a slot is only rewritten after every reader of its previous round has been waited for with an event.
 
 #include "allreduce-ce.cuh"
 #include "pyllama-so-allreduce.h"
@@ -25,10 +21,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cinttypes>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
 
 // ---------------------------------------------------------------------------------------------
 // Counters (all platforms)
@@ -39,8 +33,6 @@ static std::atomic<uint64_t> g_ce_bytes[PYLLAMA_SO_AR_PATH_COUNT];
 static std::atomic<uint64_t> g_ce_rounds;
 static std::atomic<uint64_t> g_ce_buffer_allocs;
 static std::atomic<uint64_t> g_ce_alloc_failures;
-static std::atomic<uint64_t> g_ce_graphs;
-static std::atomic<uint64_t> g_ce_direct;
 
 static void ggml_cuda_ce_count(int path, size_t nbytes) {
     g_ce_calls[path].fetch_add(1, std::memory_order_relaxed);
@@ -58,8 +50,6 @@ static int ggml_cuda_ce_stats_get(pyllama_so_allreduce_stats * out) {
     out->ce_rounds         = g_ce_rounds.load(std::memory_order_relaxed);
     out->ce_buffer_allocs  = g_ce_buffer_allocs.load(std::memory_order_relaxed);
     out->ce_alloc_failures = g_ce_alloc_failures.load(std::memory_order_relaxed);
-    out->ce_graphs         = g_ce_graphs.load(std::memory_order_relaxed);
-    out->ce_direct         = g_ce_direct.load(std::memory_order_relaxed);
     return PYLLAMA_SO_AR_OK;
 }
 
@@ -71,8 +61,6 @@ static void ggml_cuda_ce_stats_reset(void) {
     g_ce_rounds.store(0, std::memory_order_relaxed);
     g_ce_buffer_allocs.store(0, std::memory_order_relaxed);
     g_ce_alloc_failures.store(0, std::memory_order_relaxed);
-    g_ce_graphs.store(0, std::memory_order_relaxed);
-    g_ce_direct.store(0, std::memory_order_relaxed);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -179,67 +167,28 @@ static size_t ggml_cuda_ce_chunk_bytes(const size_t fixed, const size_t wire_byt
     return chunk;
 }
 
-// How a reduction's copies, kernels and events are put on the GPUs (GGML_CUDA_AR_CE_SCHEDULE).
-enum ggml_cuda_ce_schedule {
-    // default: conversion and sum on each GPU's compute stream, copies on its send and receive
-    // streams; each GPU is ordered by its own compute stream and waits for the peer only where
-    // data crosses (the peer's chunk landed, the peer finished reading a host slot)
-    GGML_CUDA_CE_SCHEDULE_STREAMS,
-    // four streams per GPU joined into GPU 0's compute stream, captured once per size into one
-    // CUDA graph over both GPUs and replayed
-    GGML_CUDA_CE_SCHEDULE_GRAPH,
-    // the graph's schedule issued call by call
-    GGML_CUDA_CE_SCHEDULE_JOINED,
-};
-
-static ggml_cuda_ce_schedule ggml_cuda_ce_env_schedule() {
-    const char * v = getenv("GGML_CUDA_AR_CE_SCHEDULE");
-    if (v == nullptr || v[0] == '\0' || strcmp(v, "streams") == 0) {
-        return GGML_CUDA_CE_SCHEDULE_STREAMS;
-    }
-    if (strcmp(v, "graph") == 0) {
-        return GGML_CUDA_CE_SCHEDULE_GRAPH;
-    }
-    if (strcmp(v, "joined") == 0) {
-        return GGML_CUDA_CE_SCHEDULE_JOINED;
-    }
-    GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE_SCHEDULE=\"%s\" (expected streams, graph or joined)\n", __func__, v);
-    return GGML_CUDA_CE_SCHEDULE_STREAMS;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Copy-engine transfer (CUDA only)
 // ---------------------------------------------------------------------------------------------
 
-// Where this call's tensor lives; written on the compute stream before each reduction, so that one
-// graph per size serves every tensor. src == nullptr: inactive shard, contributes zeros.
-struct ggml_cuda_ce_args {
-    const float * src;
-    float *       dst;
-};
-
 enum ggml_cuda_ce_stream_role {
-    GGML_CUDA_CE_CONV, // F32 -> BF16 of our part: first chunk, then the rest of the round
     GGML_CUDA_CE_SEND, // D2H of our chunks into our pinned slot
     GGML_CUDA_CE_RECV, // H2D of the peer's chunks from its pinned slot
-    GGML_CUDA_CE_ADD,  // part0 + part1 -> tensor: all but the last chunk, then the last
-    GGML_CUDA_CE_N_ROLES,
+    GGML_CUDA_CE_N_STREAMS,
 };
 
 struct ggml_cuda_ce_device {
-    int                 device = -1;
-    cudaStream_t        streams[GGML_CUDA_CE_N_ROLES] = {};
-    char *              vram   = nullptr; // [slot] send part, [slot] recv part (BF16), then the args
-    char *              host   = nullptr; // pinned, portable: [slot] our part, read by the peer
-    ggml_cuda_ce_args * args   = nullptr; // in vram
+    int          device = -1;
+    cudaStream_t streams[GGML_CUDA_CE_N_STREAMS] = {};
+    char *       vram   = nullptr; // [slot] send part, [slot] recv part (BF16)
+    char *       host   = nullptr; // pinned, portable: [slot] our part, read by the peer
 
-    cudaEvent_t joined[GGML_CUDA_CE_N_ROLES] = {};      // each stream's end of the schedule
-    // per slot: the round's steps on this device; the kernels run in two pieces, [0] and [1]
+    // per slot, the latest round in it on this device; the kernels run in two pieces, [0] and [1]
     cudaEvent_t conv_ev [GGML_CUDA_CE_N_SLOTS][2] = {};                        // first chunk / whole round converted
     cudaEvent_t d2h_ev  [GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {};  // chunk in our host slot
     cudaEvent_t d2h_done[GGML_CUDA_CE_N_SLOTS] = {};                           // send part no longer read
     cudaEvent_t h2d_ev  [GGML_CUDA_CE_N_SLOTS][2] = {};                        // all but the last / all chunks received
-    cudaEvent_t add_done[GGML_CUDA_CE_N_SLOTS] = {};                           // both parts no longer read
+    cudaEvent_t add_done[GGML_CUDA_CE_N_SLOTS] = {};                           // recv part no longer read
 
     uint16_t * send_part(int slot) const { return (uint16_t *) (vram + (size_t) slot * GGML_CUDA_CE_SLOT_BYTES); }
     uint16_t * recv_part(int slot) const {
@@ -249,9 +198,6 @@ struct ggml_cuda_ce_device {
 
     // Every event above, for creating and destroying them.
     template <typename F> void each_event(F && f) {
-        for (cudaEvent_t & ev : joined) {
-            f(ev);
-        }
         for (int s = 0; s < GGML_CUDA_CE_N_SLOTS; ++s) {
             for (cudaEvent_t * ev : { &conv_ev[s][0], &conv_ev[s][1], &h2d_ev[s][0], &h2d_ev[s][1], &d2h_done[s], &add_done[s] }) {
                 f(*ev);
@@ -269,41 +215,22 @@ enum ggml_cuda_ce_state {
     GGML_CUDA_CE_STATE_FAILED,
 };
 
-// Graphs are instantiated once per reduction size; sizes beyond this many are issued directly.
-static constexpr int GGML_CUDA_CE_MAX_GRAPHS = 64;
-
-struct ggml_cuda_ce_graph {
-    int64_t         ne   = 0;
-    cudaGraphExec_t exec = nullptr;
-};
-
 struct ggml_cuda_ce_router {
     ggml_backend_t     backends[2] = {};
     int                dev_ids[2]  = {};
     size_t             n_backends  = 0;
     ggml_cuda_ce_paths paths;
 
-    bool   ce_enabled = false; // large F32 reductions go to the copy engines
-    size_t min_bytes  = GGML_CUDA_CE_MIN_BYTES_DEFAULT;
-    bool   fail_alloc = false;
-    ggml_cuda_ce_schedule schedule = GGML_CUDA_CE_SCHEDULE_STREAMS;
-    bool   use_graphs = false; // GRAPH schedule and no capture has failed
-    size_t chunk_bytes = 0;    // GGML_CUDA_AR_CE_CHUNK_BYTES; 0: automatic
+    bool   ce_enabled  = false; // large F32 reductions go to the copy engines
+    size_t min_bytes   = GGML_CUDA_CE_MIN_BYTES_DEFAULT;
+    bool   fail_alloc  = false;
+    size_t chunk_bytes = 0;     // GGML_CUDA_AR_CE_CHUNK_BYTES; 0: automatic
 
     ggml_cuda_ce_state  state = GGML_CUDA_CE_STATE_UNALLOCATED;
     ggml_cuda_ce_device dev[2];
-    cudaStream_t        origin = nullptr; // on dev[0]: the graphs are captured from it
-    cudaEvent_t         fork   = nullptr; // on dev[0]: start of a schedule
-    cudaEvent_t         done   = nullptr; // on dev[0]: end of a schedule, waited for by GPU 1
-    cudaEvent_t         ready1 = nullptr; // on dev[1]: its args written and tensor complete
-
-    std::vector<ggml_cuda_ce_graph> graphs;
+    int  next_slot      = 0; // slots alternate across reductions too
     bool capture_logged = false;
-    int  next_slot      = 0; // STREAMS: slots alternate across reductions too
 };
-
-static constexpr size_t GGML_CUDA_CE_ARGS_OFFSET = GGML_CUDA_CE_VRAM_BYTES;
-static constexpr size_t GGML_CUDA_CE_VRAM_ALLOC  = GGML_CUDA_CE_VRAM_BYTES + 256;
 
 #if !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA)
 
@@ -329,42 +256,18 @@ static __device__ __forceinline__ float ggml_cuda_ce_add_rn(const float a, const
     return r;
 }
 
-static __global__ void ggml_cuda_ce_set_args_kernel(ggml_cuda_ce_args * args, const float * src, float * dst) {
-    args->src = src;
-    args->dst = dst;
-}
-
-static __device__ __forceinline__ void ggml_cuda_ce_to_bf16(
-        const float * __restrict__ src, const int64_t off, uint16_t * __restrict__ dst, const int n) {
+// src == nullptr: inactive shard, contributes zeros.
+static __global__ void ggml_cuda_ce_to_bf16_kernel(const float * __restrict__ src, uint16_t * __restrict__ dst, const int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        dst[i] = src != nullptr ? ggml_cuda_ce_f32_to_bf16(src[off + i]) : (uint16_t) 0;
+        dst[i] = src != nullptr ? ggml_cuda_ce_f32_to_bf16(src[i]) : (uint16_t) 0;
     }
 }
 
-static __global__ void ggml_cuda_ce_to_bf16_kernel(
-        const ggml_cuda_ce_args * __restrict__ args, const int64_t off, uint16_t * __restrict__ dst, const int n) {
-    ggml_cuda_ce_to_bf16(args->src, off, dst, n);
-}
-
-static __global__ void ggml_cuda_ce_to_bf16_ptr_kernel(
-        const float * __restrict__ src, const int64_t off, uint16_t * __restrict__ dst, const int n) {
-    ggml_cuda_ce_to_bf16(src, off, dst, n);
-}
-
-// dst = part0 + part1 in this order on both GPUs, so both results are bit-identical.
+// dst = part0 + part1 in this order on both GPUs, so both results are bit-identical. Our part is
+// rounded again from the tensor instead of read from the send part, so that the send part is free
+// as soon as it is copied out. own == nullptr: inactive shard (zeros). own and dst may be the same
+// tensor: each element is read before it is written, by the same thread.
 static __global__ void ggml_cuda_ce_add_kernel(
-        const uint16_t * __restrict__ part0, const uint16_t * __restrict__ part1,
-        const ggml_cuda_ce_args * __restrict__ args, const int64_t off, const int n) {
-    float * dst = args->dst + off;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        dst[i] = ggml_cuda_ce_add_rn(ggml_cuda_ce_bf16_to_f32(part0[i]), ggml_cuda_ce_bf16_to_f32(part1[i]));
-    }
-}
-
-// The same sum with our part rounded again from the tensor instead of read from the send part, so
-// that the send part is free as soon as it is copied out. own == nullptr: inactive shard (zeros).
-// own and dst may be the same tensor: each element is read before it is written, by one thread.
-static __global__ void ggml_cuda_ce_add_own_kernel(
         const float * own, const uint16_t * __restrict__ peer, float * dst, const bool own_first, const int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         const float a = ggml_cuda_ce_bf16_to_f32(own != nullptr ? ggml_cuda_ce_f32_to_bf16(own[i]) : (uint16_t) 0);
@@ -380,10 +283,6 @@ static dim3 ggml_cuda_ce_grid(const int n) {
 
 static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router * r) {
     // Teardown only: drain whatever still reads or writes our buffers on either device.
-    if (r->origin) {
-        ggml_cuda_set_device(r->dev_ids[0]);
-        CUDA_CHECK(cudaStreamSynchronize(r->origin));
-    }
     for (int i = 0; i < 2; ++i) {
         ggml_cuda_ce_device & d = r->dev[i];
         if (d.device < 0) {
@@ -398,17 +297,6 @@ static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router * r) {
             CUDA_CHECK(cudaStreamSynchronize(cuda_ctx->stream()));
         }
     }
-    if (r->origin) {
-        ggml_cuda_set_device(r->dev_ids[0]);
-        for (ggml_cuda_ce_graph & g : r->graphs) {
-            CUDA_CHECK(cudaGraphExecDestroy(g.exec));
-        }
-        r->graphs.clear();
-        if (r->fork) { CUDA_CHECK(cudaEventDestroy(r->fork)); r->fork = nullptr; }
-        if (r->done) { CUDA_CHECK(cudaEventDestroy(r->done)); r->done = nullptr; }
-        CUDA_CHECK(cudaStreamDestroy(r->origin));
-        r->origin = nullptr;
-    }
     for (int i = 0; i < 2; ++i) {
         ggml_cuda_ce_device & d = r->dev[i];
         if (d.device < 0) {
@@ -418,22 +306,17 @@ static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router * r) {
         d.each_event([](cudaEvent_t & ev) {
             if (ev) { CUDA_CHECK(cudaEventDestroy(ev)); ev = nullptr; }
         });
-        if (i == 1 && r->ready1) { CUDA_CHECK(cudaEventDestroy(r->ready1)); r->ready1 = nullptr; }
         for (cudaStream_t & st : d.streams) {
             if (st) { CUDA_CHECK(cudaStreamDestroy(st)); st = nullptr; }
         }
-        if (d.vram) { CUDA_CHECK(cudaFree(d.vram));     d.vram = nullptr; d.args = nullptr; }
+        if (d.vram) { CUDA_CHECK(cudaFree(d.vram));     d.vram = nullptr; }
         if (d.host) { CUDA_CHECK(cudaFreeHost(d.host)); d.host = nullptr; }
         d.device = -1;
     }
 }
 
-// Errors that must not abort (out of memory at allocation, a failed capture): keep the first one.
+// Out of memory at allocation must not abort: keep the first error.
 #define GGML_CUDA_CE_TRY(call) do { if (err == cudaSuccess) { err = (call); } } while (0)
-
-static cudaError_t ggml_cuda_ce_event(cudaEvent_t * ev) {
-    return cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
-}
 
 static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
     cudaError_t err = r->fail_alloc ? cudaErrorMemoryAllocation : cudaSuccess;
@@ -441,25 +324,13 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
         ggml_cuda_ce_device & d = r->dev[i];
         d.device = r->dev_ids[i];
         ggml_cuda_set_device(d.device);
-        GGML_CUDA_CE_TRY(cudaMalloc((void **) &d.vram, GGML_CUDA_CE_VRAM_ALLOC));
+        GGML_CUDA_CE_TRY(cudaMalloc((void **) &d.vram, GGML_CUDA_CE_VRAM_BYTES));
         // portable: the peer GPU copies from it too
         GGML_CUDA_CE_TRY(cudaHostAlloc((void **) &d.host, GGML_CUDA_CE_HOST_BYTES, cudaHostAllocPortable));
         for (cudaStream_t & st : d.streams) {
             GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
         }
-        d.each_event([&](cudaEvent_t & ev) { GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&ev)); });
-        if (i == 1) {
-            GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&r->ready1));
-        }
-        if (d.vram != nullptr) {
-            d.args = (ggml_cuda_ce_args *) (d.vram + GGML_CUDA_CE_ARGS_OFFSET);
-        }
-    }
-    if (err == cudaSuccess) {
-        ggml_cuda_set_device(r->dev_ids[0]);
-        GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&r->origin, cudaStreamNonBlocking));
-        GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&r->fork));
-        GGML_CUDA_CE_TRY(ggml_cuda_ce_event(&r->done));
+        d.each_event([&](cudaEvent_t & ev) { GGML_CUDA_CE_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)); });
     }
     if (err != cudaSuccess) {
         (void) cudaGetLastError(); // clear the sticky error of the failed call
@@ -475,187 +346,16 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
     r->state = GGML_CUDA_CE_STATE_READY;
     g_ce_buffer_allocs.fetch_add(1, std::memory_order_relaxed);
     GGML_LOG_INFO("%s: copy-engine AllReduce on devices %d,%d: %zu MiB VRAM + %zu MiB pinned host memory per GPU, "
-                  "reductions from %zu bytes, chunks of %s%s\n", __func__,
+                  "reductions from %zu bytes, chunks of %s\n", __func__,
                   r->dev_ids[0], r->dev_ids[1], GGML_CUDA_CE_VRAM_BYTES >> 20, GGML_CUDA_CE_HOST_BYTES >> 20,
-                  r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "512 KiB to 2 MiB by size",
-                  r->schedule == GGML_CUDA_CE_SCHEDULE_GRAPH  ? ", schedule graph" :
-                  r->schedule == GGML_CUDA_CE_SCHEDULE_JOINED ? ", schedule joined" : "");
+                  r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "512 KiB to 2 MiB by size");
     return true;
 }
 
-// Converts (conv) or sums chunks [c0, c1) of the round starting at element `off`, on stream st.
-static void ggml_cuda_ce_launch(const ggml_cuda_ce_device & d, const int i, const bool conv, const int s,
-        const int64_t off, const int64_t chunk_elems, const int64_t m, const int c0, const int c1, cudaStream_t st) {
-    const int64_t e0 = c0 * chunk_elems;
-    const int     n  = (int) (std::min(c1 * chunk_elems, m) - e0);
-    if (conv) {
-        ggml_cuda_ce_to_bf16_kernel<<<ggml_cuda_ce_grid(n), 256, 0, st>>>(d.args, off + e0, d.send_part(s) + e0, n);
-    } else {
-        const uint16_t * part0 = (i == 0 ? d.send_part(s) : d.recv_part(s)) + e0;
-        const uint16_t * part1 = (i == 0 ? d.recv_part(s) : d.send_part(s)) + e0;
-        ggml_cuda_ce_add_kernel<<<ggml_cuda_ce_grid(n), 256, 0, st>>>(part0, part1, d.args, off + e0, n);
-    }
-}
+#undef GGML_CUDA_CE_TRY
 
-// The schedule of one reduction of ne elements, forked from and joined back into `origin` (on
-// dev[0]). Rounds of at most one slot; slot s = round % 2; n chunks per round. Per round, on each
-// GPU (p = peer):
-//   conv: wait own d2h_done(r-2), add_done(r-2) (they read the send part);
-//         convert chunk 0 -> conv[0]; convert chunks 1..n-1 -> conv[1]
-//   send: wait peer add_done(r-2) (after it the peer has read our host slot); per chunk: wait
-//         conv[0] (chunk 0) or conv[1] (chunk 1), D2H -> d2h(c); then d2h_done
-//   recv: wait own add_done(r-2) (it read the recv part); per chunk: wait peer d2h(c), H2D;
-//         h2d[0] before the last chunk, h2d[1] after it
-//   add:  wait conv[1], h2d[0]: sum chunks 0..n-2; wait h2d[1]: sum chunk n-1 -> add_done
-// The kernels run in two pieces so that the first copy waits for one chunk's conversion and the
-// last sum covers one chunk; copies are per chunk so that receiving starts one chunk after sending.
-// Every wait is issued after the record it means and before that event is recorded again, and only
-// waits on events recorded by this same schedule, so it can be captured into a graph as it is.
-// Returns the first CUDA error instead of aborting (a capture that is not supported must not abort).
-static cudaError_t ggml_cuda_ce_issue(ggml_cuda_ce_router * r, const int64_t ne, cudaStream_t origin) {
-    cudaError_t err = cudaSuccess;
-    ggml_cuda_set_device(r->dev_ids[0]);
-    GGML_CUDA_CE_TRY(cudaEventRecord(r->fork, origin));
-    for (int i = 0; i < 2; ++i) {
-        ggml_cuda_set_device(r->dev[i].device);
-        for (cudaStream_t st : r->dev[i].streams) {
-            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, r->fork, 0));
-        }
-    }
-
-    const int64_t n_rounds    = ggml_cuda_ce_n_rounds(ne);
-    const int64_t chunk_elems = (int64_t) (ggml_cuda_ce_chunk_bytes(r->chunk_bytes, (size_t) ne * sizeof(uint16_t)) / sizeof(uint16_t));
-    for (int64_t k = 0; k < n_rounds && err == cudaSuccess; ++k) {
-        const int     s      = (int) (k % GGML_CUDA_CE_N_SLOTS);
-        const bool    reused = k >= GGML_CUDA_CE_N_SLOTS;
-        const int64_t off    = k * GGML_CUDA_CE_SLOT_ELEMS;
-        const int64_t m      = std::min(GGML_CUDA_CE_SLOT_ELEMS, ne - off);
-        const int     n      = (int) ((m + chunk_elems - 1) / chunk_elems);
-        const int     last   = n - 1;
-        auto chunk_bytes = [&](int c) { return (size_t) std::min(chunk_elems, m - c * chunk_elems) * sizeof(uint16_t); };
-        auto chunk_host  = [&](const ggml_cuda_ce_device & d, int c) { return d.host_part(s) + c * chunk_elems * sizeof(uint16_t); };
-
-        for (int role = 0; role < GGML_CUDA_CE_N_ROLES; ++role) {
-            for (int i = 0; i < 2 && err == cudaSuccess; ++i) {
-                ggml_cuda_ce_device & d  = r->dev[i];
-                ggml_cuda_ce_device & dp = r->dev[1 - i];
-                cudaStream_t st = d.streams[role];
-                ggml_cuda_set_device(d.device);
-                switch (role) {
-                    case GGML_CUDA_CE_CONV:
-                        if (reused) {
-                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.d2h_done[s], 0));
-                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.add_done[s], 0));
-                        }
-                        ggml_cuda_ce_launch(d, i, true, s, off, chunk_elems, m, 0, 1, st);
-                        GGML_CUDA_CE_TRY(cudaGetLastError());
-                        GGML_CUDA_CE_TRY(cudaEventRecord(d.conv_ev[s][0], st));
-                        if (n > 1) {
-                            ggml_cuda_ce_launch(d, i, true, s, off, chunk_elems, m, 1, n, st);
-                            GGML_CUDA_CE_TRY(cudaGetLastError());
-                        }
-                        GGML_CUDA_CE_TRY(cudaEventRecord(d.conv_ev[s][1], st));
-                        break;
-                    case GGML_CUDA_CE_SEND:
-                        if (reused) {
-                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, dp.add_done[s], 0));
-                        }
-                        for (int c = 0; c < n; ++c) {
-                            if (c <= 1) {
-                                GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.conv_ev[s][c], 0));
-                            }
-                            GGML_CUDA_CE_TRY(cudaMemcpyAsync(chunk_host(d, c), d.send_part(s) + c * chunk_elems, chunk_bytes(c),
-                                                             cudaMemcpyDeviceToHost, st));
-                            GGML_CUDA_CE_TRY(cudaEventRecord(d.d2h_ev[s][c], st));
-                        }
-                        GGML_CUDA_CE_TRY(cudaEventRecord(d.d2h_done[s], st));
-                        break;
-                    case GGML_CUDA_CE_RECV:
-                        if (reused) {
-                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.add_done[s], 0));
-                        }
-                        for (int c = 0; c < n; ++c) {
-                            if (c == last) {
-                                GGML_CUDA_CE_TRY(cudaEventRecord(d.h2d_ev[s][0], st)); // chunks 0..n-2 are in
-                            }
-                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, dp.d2h_ev[s][c], 0));
-                            GGML_CUDA_CE_TRY(cudaMemcpyAsync(d.recv_part(s) + c * chunk_elems, chunk_host(dp, c), chunk_bytes(c),
-                                                             cudaMemcpyHostToDevice, st));
-                        }
-                        GGML_CUDA_CE_TRY(cudaEventRecord(d.h2d_ev[s][1], st));
-                        break;
-                    case GGML_CUDA_CE_ADD:
-                        GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.conv_ev[s][1], 0));
-                        if (n > 1) {
-                            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.h2d_ev[s][0], 0));
-                            ggml_cuda_ce_launch(d, i, false, s, off, chunk_elems, m, 0, last, st);
-                            GGML_CUDA_CE_TRY(cudaGetLastError());
-                        }
-                        GGML_CUDA_CE_TRY(cudaStreamWaitEvent(st, d.h2d_ev[s][1], 0));
-                        ggml_cuda_ce_launch(d, i, false, s, off, chunk_elems, m, last, n, st);
-                        GGML_CUDA_CE_TRY(cudaGetLastError());
-                        GGML_CUDA_CE_TRY(cudaEventRecord(d.add_done[s], st));
-                        break;
-                }
-            }
-        }
-    }
-
-    for (int i = 0; i < 2; ++i) {
-        ggml_cuda_ce_device & d = r->dev[i];
-        ggml_cuda_set_device(d.device);
-        for (int role = 0; role < GGML_CUDA_CE_N_ROLES; ++role) {
-            GGML_CUDA_CE_TRY(cudaEventRecord(d.joined[role], d.streams[role]));
-        }
-    }
-    ggml_cuda_set_device(r->dev_ids[0]);
-    for (int i = 0; i < 2; ++i) {
-        for (cudaEvent_t ev : r->dev[i].joined) {
-            GGML_CUDA_CE_TRY(cudaStreamWaitEvent(origin, ev, 0));
-        }
-    }
-    return err;
-}
-
-// The schedule for ne elements as an instantiated graph: built on first use of each size, so that a
-// reduction costs one graph launch instead of about ten API calls per chunk. nullptr: issue it directly.
-static cudaGraphExec_t ggml_cuda_ce_graph_get(ggml_cuda_ce_router * r, const int64_t ne) {
-    for (const ggml_cuda_ce_graph & g : r->graphs) {
-        if (g.ne == ne) {
-            return g.exec;
-        }
-    }
-    if ((int) r->graphs.size() >= GGML_CUDA_CE_MAX_GRAPHS) {
-        return nullptr;
-    }
-    cudaError_t err = cudaSuccess;
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    ggml_cuda_set_device(r->dev_ids[0]);
-    GGML_CUDA_CE_TRY(cudaStreamBeginCapture(r->origin, cudaStreamCaptureModeRelaxed));
-    if (err == cudaSuccess) {
-        err = ggml_cuda_ce_issue(r, ne, r->origin);
-        ggml_cuda_set_device(r->dev_ids[0]);
-        const cudaError_t end = cudaStreamEndCapture(r->origin, &graph); // always ends the capture
-        GGML_CUDA_CE_TRY(end);
-    }
-    GGML_CUDA_CE_TRY(cudaGraphInstantiate(&exec, graph, 0));
-    if (graph != nullptr) {
-        CUDA_CHECK(cudaGraphDestroy(graph));
-    }
-    if (err != cudaSuccess) {
-        (void) cudaGetLastError();
-        r->use_graphs = false;
-        GGML_LOG_WARN("%s: copy-engine AllReduce: capturing the schedule failed (%s); issuing it directly from now on\n",
-                      __func__, cudaGetErrorString(err));
-        return nullptr;
-    }
-    r->graphs.push_back({ ne, exec });
-    g_ce_graphs.fetch_add(1, std::memory_order_relaxed);
-    return exec;
-}
-
-// The STREAMS schedule of one reduction. Per GPU i (p = peer), round k in slot s:
+// One reduction of ne elements; src[i] == nullptr: GPU i's shard is inactive. Per GPU i (p = peer),
+// round k in slot s:
 //   compute[i]: wait own d2h_done(s) (the send part was copied out); convert chunk 0 -> conv[0],
 //               the rest -> conv[1]; then the sum of round k-2 (see below)
 //   send[i]:    wait peer h2d[1](s) (the peer finished reading our host slot); per chunk: wait
@@ -663,12 +363,14 @@ static cudaGraphExec_t ggml_cuda_ce_graph_get(ggml_cuda_ce_router * r, const int
 //   recv[i]:    wait own add_done(s) (the sum read the receive part); per chunk: wait peer d2h(c),
 //               H2D; h2d[0] before the last chunk, h2d[1] after it
 //   sum, on compute[i]: wait h2d[0], chunks 0..n-2; wait h2d[1], the last chunk -> add_done(s)
+// The kernels run in two pieces so that the first copy waits for one chunk's conversion and the
+// last sum covers one chunk; copies are per chunk so that receiving starts one chunk after sending.
 // The sum of round k is put on the compute stream after the conversion of round k+2, so that the
 // conversions do not queue behind the copies. Each wait is issued after the record it means, for
-// both GPUs, and slots alternate across reductions, so consecutive reductions need no join: each
-// GPU continues as soon as its own sum is done.
-static void ggml_cuda_ce_issue_streams(ggml_cuda_ce_router * r, cudaStream_t compute[2], const float * src[2],
-                                       float * dst[2], const int64_t ne) {
+// both GPUs, and slots alternate across reductions, so consecutive reductions need no join: each GPU
+// continues as soon as its own sum is done, and waits for the peer only where data crosses.
+static void ggml_cuda_ce_issue(ggml_cuda_ce_router * r, cudaStream_t compute[2], const float * src[2],
+                               float * dst[2], const int64_t ne) {
     const int64_t n_rounds    = ggml_cuda_ce_n_rounds(ne);
     const int64_t chunk_elems = (int64_t) (ggml_cuda_ce_chunk_bytes(r->chunk_bytes, (size_t) ne * sizeof(uint16_t)) / sizeof(uint16_t));
     const int     slot0       = r->next_slot;
@@ -683,7 +385,7 @@ static void ggml_cuda_ce_issue_streams(ggml_cuda_ce_router * r, cudaStream_t com
         rd.n   = (int) ((rd.m + chunk_elems - 1) / chunk_elems);
         return rd;
     };
-    // elements [c0, c1) chunks of a round: first element, count
+    // chunks [c0, c1) of a round: first element within the round, element count (<= 0: none)
     auto span = [&](const round_t & rd, const int c0, const int c1) {
         const int64_t e0 = c0 * chunk_elems;
         return std::make_pair(e0, (int) (std::min(c1 * chunk_elems, rd.m) - e0));
@@ -693,17 +395,15 @@ static void ggml_cuda_ce_issue_streams(ggml_cuda_ce_router * r, cudaStream_t com
         for (int i = 0; i < 2; ++i) {
             ggml_cuda_ce_device & d = r->dev[i];
             ggml_cuda_set_device(d.device);
-            const float * own = src[i] != nullptr ? src[i] + rd.off : nullptr;
             for (int piece = 0; piece < 2; ++piece) {
-                const int c0 = piece == 0 ? 0 : rd.n - 1;
-                const int c1 = piece == 0 ? rd.n - 1 : rd.n;
-                if (c0 == c1) {
+                const auto [e0, n] = piece == 0 ? span(rd, 0, rd.n - 1) : span(rd, rd.n - 1, rd.n);
+                if (n <= 0) {
                     continue;
                 }
-                const auto [e0, n] = span(rd, c0, c1);
+                const int64_t at = rd.off + e0;
                 CUDA_CHECK(cudaStreamWaitEvent(compute[i], d.h2d_ev[rd.s][piece], 0));
-                ggml_cuda_ce_add_own_kernel<<<ggml_cuda_ce_grid(n), 256, 0, compute[i]>>>(
-                    own != nullptr ? own + e0 : nullptr, d.recv_part(rd.s) + e0, dst[i] + rd.off + e0, i == 0, n);
+                ggml_cuda_ce_add_kernel<<<ggml_cuda_ce_grid(n), 256, 0, compute[i]>>>(
+                    src[i] != nullptr ? src[i] + at : nullptr, d.recv_part(rd.s) + e0, dst[i] + at, i == 0, n);
                 CUDA_CHECK(cudaGetLastError());
             }
             CUDA_CHECK(cudaEventRecord(d.add_done[rd.s], compute[i]));
@@ -718,10 +418,10 @@ static void ggml_cuda_ce_issue_streams(ggml_cuda_ce_router * r, cudaStream_t com
             ggml_cuda_set_device(d.device);
             CUDA_CHECK(cudaStreamWaitEvent(compute[i], d.d2h_done[s], 0));
             for (int piece = 0; piece < 2; ++piece) {
-                const auto [e0, n] = span(rd, piece == 0 ? 0 : 1, piece == 0 ? 1 : rd.n);
+                const auto [e0, n] = piece == 0 ? span(rd, 0, 1) : span(rd, 1, rd.n);
                 if (n > 0) {
-                    ggml_cuda_ce_to_bf16_ptr_kernel<<<ggml_cuda_ce_grid(n), 256, 0, compute[i]>>>(
-                        src[i], rd.off + e0, d.send_part(s) + e0, n);
+                    ggml_cuda_ce_to_bf16_kernel<<<ggml_cuda_ce_grid(n), 256, 0, compute[i]>>>(
+                        src[i] != nullptr ? src[i] + rd.off + e0 : nullptr, d.send_part(s) + e0, n);
                     CUDA_CHECK(cudaGetLastError());
                 }
                 CUDA_CHECK(cudaEventRecord(d.conv_ev[s][piece], compute[i]));
@@ -770,13 +470,6 @@ static void ggml_cuda_ce_issue_streams(ggml_cuda_ce_router * r, cudaStream_t com
     }
 }
 
-#undef GGML_CUDA_CE_TRY
-
-// One reduction. STREAMS: see ggml_cuda_ce_issue_streams. GRAPH and JOINED: both compute streams
-// write the args; GPU 0's compute stream waits for GPU 1's and runs the schedule (graph replay, or
-// issued directly) in its own order, and GPU 1's compute stream waits for its end. The next
-// reduction's schedule starts only after this one's (both are in GPU 0's compute stream order), so
-// the slots need no ordering across calls there.
 static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tensors) {
     cudaStream_t compute[2];
     for (int i = 0; i < 2; ++i) {
@@ -805,45 +498,15 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
     }
 
     const int64_t ne = ggml_nelements(tensors[0]);
-    g_ce_rounds.fetch_add((uint64_t) ggml_cuda_ce_n_rounds(ne), std::memory_order_relaxed);
-
-    if (r->schedule == GGML_CUDA_CE_SCHEDULE_STREAMS) {
-        const float * src[2];
-        float *       dst[2];
-        for (int i = 0; i < 2; ++i) {
-            // inactive shard / empty slice: contributes zeros, as on the NCCL and internal paths
-            dst[i] = static_cast<float *>(tensors[i]->data);
-            src[i] = (tensors[i]->flags & GGML_TENSOR_FLAG_COMPUTE) != 0 ? dst[i] : nullptr;
-        }
-        ggml_cuda_ce_issue_streams(r, compute, src, dst, ne);
-        g_ce_direct.fetch_add(1, std::memory_order_relaxed);
-        return true;
-    }
-
-    cudaGraphExec_t exec = r->use_graphs ? ggml_cuda_ce_graph_get(r, ne) : nullptr;
-
+    const float * src[2];
+    float *       dst[2];
     for (int i = 0; i < 2; ++i) {
-        ggml_cuda_ce_device & d = r->dev[i];
-        ggml_cuda_set_device(d.device);
         // inactive shard / empty slice: contributes zeros, as on the NCCL and internal paths
-        const bool active = (tensors[i]->flags & GGML_TENSOR_FLAG_COMPUTE) != 0;
-        float * data = static_cast<float *>(tensors[i]->data);
-        ggml_cuda_ce_set_args_kernel<<<1, 1, 0, compute[i]>>>(d.args, active ? data : nullptr, data);
-        CUDA_CHECK(cudaGetLastError());
+        dst[i] = static_cast<float *>(tensors[i]->data);
+        src[i] = (tensors[i]->flags & GGML_TENSOR_FLAG_COMPUTE) != 0 ? dst[i] : nullptr;
     }
-    CUDA_CHECK(cudaEventRecord(r->ready1, compute[1]));
-    ggml_cuda_set_device(r->dev_ids[0]);
-    CUDA_CHECK(cudaStreamWaitEvent(compute[0], r->ready1, 0));
-    if (exec != nullptr) {
-        CUDA_CHECK(cudaGraphLaunch(exec, compute[0]));
-    } else {
-        CUDA_CHECK(ggml_cuda_ce_issue(r, ne, compute[0]));
-        ggml_cuda_set_device(r->dev_ids[0]);
-        g_ce_direct.fetch_add(1, std::memory_order_relaxed);
-    }
-    CUDA_CHECK(cudaEventRecord(r->done, compute[0]));
-    ggml_cuda_set_device(r->dev_ids[1]);
-    CUDA_CHECK(cudaStreamWaitEvent(compute[1], r->done, 0));
+    ggml_cuda_ce_issue(r, compute, src, dst, ne);
+    g_ce_rounds.fetch_add((uint64_t) ggml_cuda_ce_n_rounds(ne), std::memory_order_relaxed);
     return true;
 }
 
@@ -895,8 +558,6 @@ ggml_cuda_ce_router * ggml_cuda_ce_router_init(
     }
     r->min_bytes  = ggml_cuda_ce_env_min_bytes();
     r->fail_alloc = ggml_cuda_ce_env_fail_alloc();
-    r->schedule   = ggml_cuda_ce_env_schedule();
-    r->use_graphs = r->schedule == GGML_CUDA_CE_SCHEDULE_GRAPH;
     r->chunk_bytes = ggml_cuda_ce_env_chunk_bytes();
 
     const int mode = ggml_cuda_ce_env_mode();
