@@ -101,7 +101,7 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
     min_bytes: smallest reduction (bytes of the F32 tensor) that goes to the copy engines; None =
         default (512 KiB); 1 = every reduction.
     chunk_bytes: bytes per copy-engine copy, a power of two from 64 KiB to 4 MiB; None = automatic
-        (512 KiB to 2 MiB, about four chunks per reduction). Smaller chunks start the receiving
+        (1 MiB below 8 MiB of BF16 payload, 2 MiB from there). Smaller chunks start the receiving
         copies sooner but each copy has a fixed cost.
     """
     if copy_engines is not None and not isinstance(copy_engines, bool):

@@ -17,7 +17,7 @@ from cuda_devices import cuda_device_count
 import pyllama_so
 from pyllama_so import _llama, allreduce
 
-CHUNK_ELEMS = 512 * 1024 // 2  # the smallest automatic chunk (512 KiB of BF16)
+CHUNK_ELEMS = 1024 * 1024 // 2  # the smallest automatic chunk (1 MiB of BF16)
 SLOT_ELEMS = 4 * 1024 * 1024 // 2  # one slot (the per-round buffer) in BF16 elements
 MIN_BYTES_DEFAULT = 512 * 1024
 

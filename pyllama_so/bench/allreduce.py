@@ -7,7 +7,7 @@ algBW); the reduced F32 tensor is twice as large. For each size it times, in one
 
   ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size)
   ce_c<K>k      with --ce-sweep: the copy-engine path with a fixed chunk of K KiB
-                (GGML_CUDA_AR_CE_CHUNK_BYTES) instead of the automatic 512 KiB-2 MiB
+                (GGML_CUDA_AR_CE_CHUNK_BYTES) instead of the automatic 1 or 2 MiB
   nccl          NCCL as the machine allows (NVLink/peer access where present)
   nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory (in a child process: NCCL
                 reads the variable once per process)

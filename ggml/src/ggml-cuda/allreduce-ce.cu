@@ -2,7 +2,7 @@
 //
 // Without peer access, NCCL and the internal pipeline move data through host memory with SMs.
 // Here the copy engines do it: each GPU converts its F32 part to BF16 on its compute stream, copies
-// it to pinned host memory in chunks (512 KiB to 2 MiB, see ggml_cuda_ce_chunk_bytes) on its send
+// it to pinned host memory in chunks (1 or 2 MiB, see ggml_cuda_ce_chunk_bytes) on its send
 // stream, and on its receive stream copies the peer's chunks back as soon as each has landed. A
 // small kernel on the compute stream then adds the two BF16 values in F32, always as part0 + part1,
 // so both GPUs hold bit-identical results.
@@ -68,7 +68,7 @@ static void ggml_cuda_ce_stats_reset(void) {
 // ---------------------------------------------------------------------------------------------
 
 static constexpr size_t GGML_CUDA_CE_CHUNK_BYTES_MIN   = 64 * 1024;       // GGML_CUDA_AR_CE_CHUNK_BYTES range
-static constexpr size_t GGML_CUDA_CE_CHUNK_AUTO_MIN    = 512 * 1024;      // automatic chunk size range
+static constexpr size_t GGML_CUDA_CE_CHUNK_AUTO_MIN    = 1024 * 1024;     // automatic chunk size range
 static constexpr size_t GGML_CUDA_CE_CHUNK_AUTO_MAX    = 2 * 1024 * 1024;
 static constexpr int    GGML_CUDA_CE_N_SLOTS           = 2;
 static constexpr size_t GGML_CUDA_CE_SLOT_BYTES        = 4 * 1024 * 1024; // BF16 bytes per slot and direction
@@ -152,10 +152,10 @@ static size_t ggml_cuda_ce_env_chunk_bytes() {
 }
 
 // Bytes per copy for a reduction of `wire_bytes` (BF16). Receiving starts one chunk after sending,
-// so small chunks shorten that lag; but each copy also has a cost of its own, about 5 µs on H200 as
-// estimated from the chunk-size sweep (16 copies of 512 KiB reduce 8 MiB in about 1.15x the time of 4
-// copies of 2 MiB). About four chunks per reduction, 512 KiB to 2 MiB, was the best trade-off there
-// (docs/benchmarks.md).
+// so small chunks shorten that lag; but each chunk also costs about 5 µs of GPU time (an event hop
+// between the GPUs) and four API calls per GPU, and below 4 MiB a reduction is bound by the host
+// time to issue it. In the chunk-size sweeps on H200 (docs/benchmarks.md), 1 MiB chunks below 8 MiB
+// and 2 MiB from 8 MiB were as fast as or faster than any other fixed size at each size.
 static size_t ggml_cuda_ce_chunk_bytes(const size_t fixed, const size_t wire_bytes) {
     if (fixed != 0) {
         return fixed;
@@ -348,7 +348,7 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
     GGML_LOG_INFO("%s: copy-engine AllReduce on devices %d,%d: %zu MiB VRAM + %zu MiB pinned host memory per GPU, "
                   "reductions from %zu bytes, chunks of %s\n", __func__,
                   r->dev_ids[0], r->dev_ids[1], GGML_CUDA_CE_VRAM_BYTES >> 20, GGML_CUDA_CE_HOST_BYTES >> 20,
-                  r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "512 KiB to 2 MiB by size");
+                  r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "1 or 2 MiB by size");
     return true;
 }
 
