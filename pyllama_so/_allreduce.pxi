@@ -11,11 +11,18 @@ cdef extern from "pyllama-so-allreduce.h" nogil:
         PYLLAMA_SO_AR_PATH_COUNT
         PYLLAMA_SO_AR_BENCH_COMM
         PYLLAMA_SO_AR_BENCH_CEILING
+        PYLLAMA_SO_AR_OK
+        PYLLAMA_SO_AR_EINVAL
+        PYLLAMA_SO_AR_ENODEV
+        PYLLAMA_SO_AR_ENOCOMM
+        PYLLAMA_SO_AR_EDECLINED
+        PYLLAMA_SO_AR_ENOMEM
+        PYLLAMA_SO_AR_EUNSUPPORTED
 
     struct pyllama_so_allreduce_stats:
         uint64_t size
-        uint64_t calls[4]
-        uint64_t bytes[4]
+        uint64_t calls[PYLLAMA_SO_AR_PATH_COUNT]
+        uint64_t bytes[PYLLAMA_SO_AR_PATH_COUNT]
         uint64_t ce_rounds
         uint64_t ce_buffer_allocs
         uint64_t ce_alloc_failures
@@ -52,15 +59,23 @@ cdef extern from "pyllama-so-allreduce.h" nogil:
     const char * PYLLAMA_SO_AR_BENCH_NAME
 
 
-ALLREDUCE_PATHS = ("ce", "nccl", "internal", "fallback")
+# Path names in the order of the header's counter arrays (indexed by enum pyllama_so_ar_path).
+_AR_PATH_NAMES = {
+    PYLLAMA_SO_AR_PATH_CE: "ce",
+    PYLLAMA_SO_AR_PATH_NCCL: "nccl",
+    PYLLAMA_SO_AR_PATH_INTERNAL: "internal",
+    PYLLAMA_SO_AR_PATH_FALLBACK: "fallback",
+}
+assert sorted(_AR_PATH_NAMES) == list(range(PYLLAMA_SO_AR_PATH_COUNT)), "a path of the header has no name here"
+ALLREDUCE_PATHS = tuple(_AR_PATH_NAMES[i] for i in range(PYLLAMA_SO_AR_PATH_COUNT))
 
 _AR_ERRORS = {
-    -1: "invalid parameters (or bindings built against another pyllama-so-allreduce.h)",
-    -2: "device index out of range, or the CUDA backend could not be initialised on it",
-    -3: "the CUDA backend created no comm context",
-    -4: "the comm context declined the reduction (it would fall back to the meta backend's generic path)",
-    -5: "out of memory for the test/benchmark buffers",
-    -6: "not supported on this platform",
+    PYLLAMA_SO_AR_EINVAL: "invalid parameters (or bindings built against another pyllama-so-allreduce.h)",
+    PYLLAMA_SO_AR_ENODEV: "device index out of range, or the CUDA backend could not be initialised on it",
+    PYLLAMA_SO_AR_ENOCOMM: "the CUDA backend created no comm context",
+    PYLLAMA_SO_AR_EDECLINED: "the comm context declined the reduction (it would fall back to the meta backend's generic path)",
+    PYLLAMA_SO_AR_ENOMEM: "out of memory for the test/benchmark buffers",
+    PYLLAMA_SO_AR_EUNSUPPORTED: "not supported on this platform",
 }
 
 
@@ -72,7 +87,7 @@ cdef void * _ar_proc(const char * name) noexcept nogil:
 
 
 cdef _ar_check(int rc, str what):
-    if rc != 0:
+    if rc != PYLLAMA_SO_AR_OK:
         raise LlamaError(f"{what}: {_AR_ERRORS.get(rc, f'error {rc}')}")
 
 
