@@ -39,20 +39,16 @@ DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 # path -> (environment for the comm context, the counter that must move)
 _CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None}
 _BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_CHUNK_BYTES: None}
+SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
+# --ce-sweep: the copy engines with each fixed chunk size
+SWEEP_PATHS = tuple(f"ce_c{kib}k" for kib in SWEEP_CHUNKS_KIB)
 PATHS: dict[str, tuple[dict[str, str | None], str]] = {
     "ce": (_CE_ENV, "ce"),
+    **{name: ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for name, kib in zip(SWEEP_PATHS, SWEEP_CHUNKS_KIB)},
     "nccl": ({**_BASE_ENV, ENV_ALLREDUCE: "nccl"}, "nccl"),
     "internal": ({**_BASE_ENV, ENV_ALLREDUCE: "internal"}, "internal"),
 }
 ORDER = ("ce", "nccl", "nccl_nop2p", "internal")
-SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
-
-
-def sweep_path(chunk_kib: int) -> str:
-    """Registers (once) and returns the copy-engine variant with this fixed chunk size."""
-    name = f"ce_c{chunk_kib}k"
-    PATHS.setdefault(name, ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(chunk_kib << 10)}, "ce"))
-    return name
 
 
 def parse_size(text: str) -> int:
@@ -139,7 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     results["ceiling"] = time_ceiling(args.sizes, args.warmup, args.iters, args.devices)
     order = list(ORDER)
     if args.ce_sweep:
-        order[1:1] = [sweep_path(kib) for kib in SWEEP_CHUNKS_KIB]
+        order[1:1] = SWEEP_PATHS
     for path in order:
         if path == "nccl_nop2p":
             results[path] = time_in_child("nccl", {"NCCL_P2P_DISABLE": "1"}, args)
