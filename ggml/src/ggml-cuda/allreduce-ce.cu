@@ -68,8 +68,9 @@ static void ggml_cuda_ce_stats_reset(void) {
 // ---------------------------------------------------------------------------------------------
 
 static constexpr size_t GGML_CUDA_CE_CHUNK_BYTES_MIN   = 64 * 1024;       // GGML_CUDA_AR_CE_CHUNK_BYTES range
-static constexpr size_t GGML_CUDA_CE_CHUNK_AUTO_MIN    = 1024 * 1024;     // automatic chunk size range
-static constexpr size_t GGML_CUDA_CE_CHUNK_AUTO_MAX    = 2 * 1024 * 1024;
+static constexpr size_t GGML_CUDA_CE_CHUNK_SMALL      = 1024 * 1024;     // automatic chunk size below ...
+static constexpr size_t GGML_CUDA_CE_CHUNK_LARGE_FROM  = 8 * 1024 * 1024; // ... this many BF16 bytes,
+static constexpr size_t GGML_CUDA_CE_CHUNK_LARGE       = 2 * 1024 * 1024; // and from there on
 static constexpr int    GGML_CUDA_CE_N_SLOTS           = 2;
 static constexpr size_t GGML_CUDA_CE_SLOT_BYTES        = 4 * 1024 * 1024; // BF16 bytes per slot and direction
 static constexpr int    GGML_CUDA_CE_SLOT_CHUNKS       = (int) (GGML_CUDA_CE_SLOT_BYTES / GGML_CUDA_CE_CHUNK_BYTES_MIN);
@@ -78,7 +79,7 @@ static constexpr size_t GGML_CUDA_CE_VRAM_BYTES        = 2 * GGML_CUDA_CE_N_SLOT
 static constexpr size_t GGML_CUDA_CE_HOST_BYTES        = GGML_CUDA_CE_N_SLOTS * GGML_CUDA_CE_SLOT_BYTES;     // 8 MiB
 static constexpr size_t GGML_CUDA_CE_MIN_BYTES_DEFAULT = 512 * 1024;
 
-static_assert(GGML_CUDA_CE_SLOT_BYTES % GGML_CUDA_CE_CHUNK_AUTO_MAX == 0, "a slot must hold whole chunks");
+static_assert(GGML_CUDA_CE_SLOT_BYTES % GGML_CUDA_CE_CHUNK_LARGE == 0, "a slot must hold whole chunks");
 
 // Slot-sized rounds of a reduction of ne elements.
 static int64_t ggml_cuda_ce_n_rounds(const int64_t ne) {
@@ -155,16 +156,12 @@ static size_t ggml_cuda_ce_env_chunk_bytes() {
 // so small chunks shorten that lag; but each chunk also costs about 5 µs of GPU time (an event hop
 // between the GPUs) and four API calls per GPU, and below 4 MiB a reduction is bound by the host
 // time to issue it. In the chunk-size sweeps on H200 (docs/benchmarks.md), 1 MiB chunks below 8 MiB
-// and 2 MiB from 8 MiB were as fast as or faster than any other fixed size at each size.
+// and 2 MiB from 8 MiB were the fastest fixed size at each size, or within a few percent of it.
 static size_t ggml_cuda_ce_chunk_bytes(const size_t fixed, const size_t wire_bytes) {
     if (fixed != 0) {
         return fixed;
     }
-    size_t chunk = GGML_CUDA_CE_CHUNK_AUTO_MIN;
-    while (chunk < GGML_CUDA_CE_CHUNK_AUTO_MAX && 4 * (2 * chunk) <= wire_bytes) {
-        chunk *= 2;
-    }
-    return chunk;
+    return wire_bytes >= GGML_CUDA_CE_CHUNK_LARGE_FROM ? GGML_CUDA_CE_CHUNK_LARGE : GGML_CUDA_CE_CHUNK_SMALL;
 }
 
 // ---------------------------------------------------------------------------------------------
