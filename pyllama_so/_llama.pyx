@@ -172,6 +172,16 @@ def _gpu_device_count():
     return sum(1 for d in devices() if d["type"] in ("gpu", "igpu"))
 
 
+def _check_tensor_split(tensor_split):
+    """tensor_split as floats: at most llama_max_devices() entries, each finite and >= 0."""
+    values = [float(v) for v in tensor_split]
+    if len(values) > llama_max_devices():
+        raise ValueError(f"tensor_split has {len(values)} entries; llama.cpp takes at most {llama_max_devices()}")
+    if any(not (0 <= v < float("inf")) for v in values):
+        raise ValueError(f"tensor_split entries must be finite and >= 0: {values}")
+    return values
+
+
 # ---------------------------------------------------------------------------------------------
 # model
 
@@ -326,7 +336,7 @@ cdef class Model:
         p.load_mode = LLAMA_LOAD_MODE_AUTO if use_mmap else LLAMA_LOAD_MODE_NONE
         p.progress_callback = _silent_progress
         if tensor_split is not None:
-            for i, v in enumerate(tensor_split):
+            for i, v in enumerate(_check_tensor_split(tensor_split)):  # split_buf has llama_max_devices() entries
                 split_buf[i] = v
             p.tensor_split = split_buf
         return p

@@ -81,8 +81,8 @@ def tensor_split(text: str) -> tuple[float, ...]:
         values = tuple(float(v) for v in text.split("/"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad tensor split {text!r}; expected e.g. 1/1") from None
-    if any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"tensor split proportions must be >= 0: {text!r}")
+    if any(not 0 <= v < float("inf") for v in values):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"tensor split proportions must be finite and >= 0: {text!r}")
     return values
 
 

@@ -70,12 +70,10 @@ def _check_gguf_file(path: Path) -> None:
 def _validate_tensor_split(tensor_split: Sequence[float] | None) -> list[float] | None:
     if tensor_split is None:
         return None
-    values = [float(v) for v in tensor_split]
+    values = _llama._check_tensor_split(tensor_split)
     n_dev = max(1, _llama._gpu_device_count())
     if len(values) > n_dev:
         raise ValueError(f"tensor_split has {len(values)} entries but there are {n_dev} device(s)")
-    if any(v < 0 or not np.isfinite(v) for v in values):
-        raise ValueError(f"tensor_split entries must be finite and >= 0: {values}")
     return values
 
 
