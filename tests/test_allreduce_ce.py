@@ -8,6 +8,7 @@ F32 -> BF16 (nearest even), added in F32 as part0 + part1.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +31,15 @@ needs_two_gpus = pytest.mark.skipif(
 
 
 @pytest.fixture
-def knobs(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+def knobs(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """The knobs unset, and restored afterwards also where a test set them through configure_allreduce
+    (monkeypatch only restores what it changed itself)."""
+    saved = {k: os.environ.get(k) for k in KNOBS}
     for k in KNOBS:
         monkeypatch.delenv(k, raising=False)
     allreduce.reset_allreduce_stats()
-    return monkeypatch
+    yield monkeypatch
+    allreduce.set_env(saved)
 
 
 # ---------------------------------------------------------------------------------------------
