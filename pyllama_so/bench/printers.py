@@ -12,6 +12,12 @@ from pyllama_so.bench.runner import BenchParams, TestResult, backend_name, cpu_i
 _DEFAULTS = BenchParams(models=[])
 
 
+def tensor_split_str(ts: tuple[float, ...]) -> str:
+    """As llama-bench writes it: %.2f per device up to the last non-zero one ("0.00" when none)."""
+    last = max((i for i, v in enumerate(ts) if v > 0), default=0)
+    return "/".join(f"{v:.2f}" for v in (ts or (0.0,))[: last + 1])
+
+
 def fields(r: TestResult) -> dict[str, Any]:
     """One result as llama-bench's JSON fields (plus split_overlap, ours)."""
     return {
@@ -34,7 +40,7 @@ def fields(r: TestResult) -> dict[str, Any]:
         "split_mode": r.model.split_mode,
         "main_gpu": r.model.main_gpu,
         "flash_attn": r.ctx.flash_attn,
-        "tensor_split": "/".join(f"{v:g}" for v in r.model.tensor_split) or "0.00",
+        "tensor_split": tensor_split_str(r.model.tensor_split),
         "split_overlap": r.ctx.split_overlap,
         "n_prompt": r.test.n_prompt,
         "n_gen": r.test.n_gen,
@@ -114,7 +120,7 @@ class MarkdownPrinter(Printer):
         ("type_v", "type_v", lambda r: r.ctx.type_v),
         ("main_gpu", "main_gpu", lambda r: str(r.model.main_gpu)),
         ("sm", "split_mode", lambda r: r.model.split_mode),
-        ("ts", "tensor_split", lambda r: "/".join(f"{v:.2f}" for v in r.model.tensor_split)),
+        ("ts", "tensor_split", lambda r: tensor_split_str(r.model.tensor_split)),
         ("fa", "flash_attn", lambda r: r.ctx.flash_attn),
         ("so", "split_overlap", lambda r: str(int(r.ctx.split_overlap))),
     ]
