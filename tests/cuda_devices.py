@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import pyllama_so
+from pyllama_so.bench.allreduce import cuda_devices
 
 
 def cuda_device_count() -> int:
-    return sum(1 for d in pyllama_so.devices() if d["backend"] == "CUDA")
+    return len(cuda_devices())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pyllama_so import ContextFullError, Llama, ModelLoadError
+from pyllama_so import ContextFullError, Llama, ModelLoadError, _llama
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -49,9 +49,7 @@ def test_unknown_split_mode(tiny_model: Path, mode: object) -> None:
 
 
 def test_tensor_split_longer_than_devices(tiny_model: Path) -> None:
-    import pyllama_so
-
-    n = max(1, sum(1 for d in pyllama_so.devices() if d["type"] in ("gpu", "igpu")))
+    n = max(1, _llama._gpu_device_count())
     with pytest.raises(ValueError, match="tensor_split"):
         Llama(tiny_model, tensor_split=[1.0] * (n + 1))
     with pytest.raises(ValueError, match="tensor_split"):

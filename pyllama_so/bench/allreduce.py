@@ -31,6 +31,9 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 
+import pyllama_so
+from pyllama_so import _llama
+from pyllama_so import args as A
 from pyllama_so.allreduce import (ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES,
                                   set_env)
 
@@ -63,10 +66,6 @@ def parse_size(text: str) -> int:
     return value
 
 
-def parse_sizes(text: str) -> list[int]:
-    return [parse_size(s) for s in text.split(",") if s.strip()]
-
-
 def fmt_size(n: int) -> str:
     for unit, shift in (("MiB", 20), ("KiB", 10)):
         if n >= 1 << shift and n % (1 << shift) == 0:
@@ -86,8 +85,6 @@ def environ(changes: dict[str, str | None]) -> Iterator[None]:
 
 def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int]) -> dict[str, object]:
     """Times one comm-context path in this process; `sizes` are payloads (F32 tensor = 2x)."""
-    from pyllama_so import _llama
-
     env, counter = PATHS[path]
     with environ(env):
         _llama.allreduce_stats_reset()
@@ -105,8 +102,6 @@ def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices:
 
 
 def time_ceiling(sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int]) -> dict[str, object]:
-    from pyllama_so import _llama
-
     try:
         return {"us": _llama.allreduce_bench(list(sizes), "ceiling", warmup, iters, tuple(devices))}
     except _llama.LlamaError as e:
@@ -125,12 +120,11 @@ def time_in_child(path: str, extra_env: dict[str, str], args: argparse.Namespace
 
 
 def cuda_devices() -> list[dict[str, object]]:
-    from pyllama_so import devices
-
-    return [d for d in devices() if d["backend"] == "CUDA"]
+    return [d for d in pyllama_so.devices() if d["backend"] == "CUDA"]
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
+    cuda = cuda_devices()  # the C side takes CUDA device indices, so args.devices index this list
     results: dict[str, dict[str, object]] = {}
     results["ceiling"] = time_ceiling(args.sizes, args.warmup, args.iters, args.devices)
     order = list(ORDER)
@@ -156,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "sizes": list(args.sizes),
         "warmup": args.warmup,
         "iters": args.iters,
-        "devices": [d for d in cuda_devices() if d["index"] in args.devices] or list(args.devices),
+        "devices": [cuda[i] for i in args.devices if i < len(cuda)] or list(args.devices),
         "results": results,
     }
 
@@ -186,11 +180,12 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pyllama_so.bench.allreduce", description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", type=parse_sizes, default=parse_sizes(DEFAULT_SIZES),
+    sizes = A.comma_list(parse_size)
+    ap.add_argument("--sizes", type=sizes, default=sizes(DEFAULT_SIZES),
                     help=f"payload sizes, comma-separated, K/M suffixes (default {DEFAULT_SIZES})")
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=50, help="timed reductions per size (default 50)")
-    ap.add_argument("--devices", type=lambda s: tuple(int(x) for x in s.split(",")), default=(0, 1),
+    ap.add_argument("--warmup", type=A.non_negative_int, default=5)
+    ap.add_argument("--iters", type=A.positive_int, default=50, help="timed reductions per size (default 50)")
+    ap.add_argument("--devices", type=A.comma_list(A.non_negative_int), default=[0, 1],
                     help="two CUDA device indices (default 0,1)")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON to OUT ('-' = stdout)")
     ap.add_argument("--ce-sweep", action="store_true",
@@ -199,16 +194,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if len(args.devices) != 2 or args.devices[0] == args.devices[1]:
         ap.error("--devices needs two different indices")
-    if args.iters < 1 or args.warmup < 0:
-        ap.error("--iters must be >= 1 and --warmup >= 0")
 
     if args.worker:
         if args.worker not in PATHS:
             ap.error(f"unknown worker path {args.worker!r}")
         print(json.dumps(time_path(args.worker, args.sizes, args.warmup, args.iters, args.devices)))
         return 0
-
-    from pyllama_so import _llama
 
     if not _llama.allreduce_available() or len(cuda_devices()) < 2:
         msg = "skipped: needs a CUDA build and two CUDA devices"
