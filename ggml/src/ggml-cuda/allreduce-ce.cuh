@@ -10,17 +10,19 @@
 
 #include <cstddef>
 
-// One reduction path of the comm context (NCCL or the internal pipeline); returns false when it
-// does not take the call. comm_ctx is the comm context itself.
-typedef bool (*ggml_cuda_ce_path_fn)(void * comm_ctx, struct ggml_tensor ** tensors);
+struct ggml_backend_cuda_comm_context; // ggml-cuda.cu
+
+// One reduction path of the comm context (upstream's NCCL or internal-pipeline function); returns
+// false when it does not take the call.
+typedef bool (*ggml_cuda_ce_path_fn)(ggml_backend_cuda_comm_context * comm_ctx, struct ggml_tensor ** tensors);
 
 // What the comm context brought up, as its init chain left it.
 struct ggml_cuda_ce_paths {
-    void *                   comm_ctx    = nullptr;
-    ggml_cuda_ce_path_fn     nccl        = nullptr; // set only when NCCL is compiled in and initialised
-    ggml_cuda_ce_path_fn     internal    = nullptr; // usable while *ar_pipeline != nullptr
-    ggml_cuda_ar_pipeline ** ar_pipeline = nullptr; // the comm context's slot; the router may fill it
-    bool                     none        = false;   // GGML_CUDA_ALLREDUCE=none (or unknown): no backend reduction
+    ggml_backend_cuda_comm_context * comm_ctx    = nullptr;
+    ggml_cuda_ce_path_fn             nccl        = nullptr; // set only when NCCL is compiled in and initialised
+    ggml_cuda_ce_path_fn             internal    = nullptr; // usable while *ar_pipeline != nullptr
+    ggml_cuda_ar_pipeline **         ar_pipeline = nullptr; // the comm context's slot; the router may fill it
+    bool                             none        = false;   // GGML_CUDA_ALLREDUCE=none (or unknown): no backend reduction
 };
 
 struct ggml_cuda_ce_router;
