@@ -41,9 +41,10 @@ struct ggml_cpu_virtual_stream {
     std::deque<std::function<void()>> tasks;
     bool                              busy = false;
     bool                              stop = false;
+    const bool                        broken_wait; // GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT: its event waits do not wait
     std::thread                       worker;
 
-    ggml_cpu_virtual_stream() : worker([this] { run(); }) {}
+    explicit ggml_cpu_virtual_stream(bool broken_wait) : broken_wait(broken_wait), worker([this] { run(); }) {}
 
     ~ggml_cpu_virtual_stream() {
         {
@@ -86,9 +87,10 @@ struct ggml_cpu_virtual_stream {
     }
 };
 
-// events: n_recorded counts record calls, n_done the records that their stream has reached
+// events: n_recorded counts record calls, n_done the records that their stream has reached. Queued
+// tasks hold a reference, so an event may be freed while its records and waits are still queued.
 
-struct ggml_cpu_virtual_event {
+struct ggml_cpu_virtual_event : std::enable_shared_from_this<ggml_cpu_virtual_event> {
     std::mutex              mtx;
     std::condition_variable cv;
     uint64_t                n_recorded = 0;
@@ -100,12 +102,12 @@ struct ggml_cpu_virtual_event {
             std::lock_guard<std::mutex> lock(mtx);
             target = ++n_recorded;
         }
-        stream.push([this, target] {
+        stream.push([self = shared_from_this(), target] {
             {
-                std::lock_guard<std::mutex> lock(mtx);
-                n_done = std::max(n_done, target);
+                std::lock_guard<std::mutex> lock(self->mtx);
+                self->n_done = std::max(self->n_done, target);
             }
-            cv.notify_all();
+            self->cv.notify_all();
         });
     }
 
@@ -121,14 +123,23 @@ struct ggml_cpu_virtual_event {
     }
 
     // make the stream wait for the last record made before this call
-    void wait_on(ggml_cpu_virtual_stream & stream, bool broken) {
-        if (broken) {
-            return; // GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT: the deliberate bug
+    void wait_on(ggml_cpu_virtual_stream & stream) {
+        if (stream.broken_wait) {
+            return; // the deliberate bug
         }
-        const uint64_t target = last_recorded();
-        stream.push([this, target] { wait_host(target); });
+        uint64_t target;
+        {
+            std::lock_guard<std::mutex> lock(mtx);
+            if (n_done >= n_recorded) {
+                return; // already reached: nothing to wait for
+            }
+            target = n_recorded;
+        }
+        stream.push([self = shared_from_this(), target] { self->wait_host(target); });
     }
 };
+
+using ggml_cpu_virtual_event_ptr = std::shared_ptr<ggml_cpu_virtual_event>;
 
 // devices, buffers
 
@@ -143,33 +154,16 @@ static const char * ggml_cpu_virtual_buffer_type_get_name(ggml_backend_buffer_ty
     return ((ggml_cpu_virtual_device_context *) buft->context)->name.c_str();
 }
 
-static void ggml_cpu_virtual_buffer_free(ggml_backend_buffer_t buffer) {
-    ggml_aligned_free(buffer->context, buffer->size);
+static ggml_backend_buffer_t ggml_cpu_virtual_buffer_type_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size);
+
+static bool ggml_cpu_virtual_buffer_is_ours(ggml_backend_buffer_t buffer) {
+    return buffer != nullptr && buffer->buft != nullptr &&
+           buffer->buft->iface.alloc_buffer == ggml_cpu_virtual_buffer_type_alloc_buffer;
 }
 
-static void * ggml_cpu_virtual_buffer_get_base(ggml_backend_buffer_t buffer) {
-    return buffer->context;
-}
-
-static void ggml_cpu_virtual_buffer_memset_tensor(ggml_backend_buffer_t buffer, ggml_tensor * tensor, uint8_t value, size_t offset, size_t size) {
-    memset((char *) tensor->data + offset, value, size);
-    GGML_UNUSED(buffer);
-}
-
-static void ggml_cpu_virtual_buffer_set_tensor(ggml_backend_buffer_t buffer, ggml_tensor * tensor, const void * data, size_t offset, size_t size) {
-    memcpy((char *) tensor->data + offset, data, size);
-    GGML_UNUSED(buffer);
-}
-
-static void ggml_cpu_virtual_buffer_get_tensor(ggml_backend_buffer_t buffer, const ggml_tensor * tensor, void * data, size_t offset, size_t size) {
-    memcpy(data, (const char *) tensor->data + offset, size);
-    GGML_UNUSED(buffer);
-}
-
-static bool ggml_cpu_virtual_buffer_is_ours(ggml_backend_buffer_t buffer);
-
+// a host source never gets here: ggml_backend_tensor_copy sets it with set_tensor instead
 static bool ggml_cpu_virtual_buffer_cpy_tensor(ggml_backend_buffer_t buffer, const ggml_tensor * src, ggml_tensor * dst) {
-    if (ggml_backend_buffer_is_host(src->buffer) || ggml_cpu_virtual_buffer_is_ours(src->buffer)) {
+    if (ggml_cpu_virtual_buffer_is_ours(src->buffer)) {
         memcpy(dst->data, src->data, ggml_nbytes(src));
         return true;
     }
@@ -177,35 +171,15 @@ static bool ggml_cpu_virtual_buffer_cpy_tensor(ggml_backend_buffer_t buffer, con
     GGML_UNUSED(buffer);
 }
 
-static void ggml_cpu_virtual_buffer_clear(ggml_backend_buffer_t buffer, uint8_t value) {
-    memset(buffer->context, value, buffer->size);
-}
-
-static const ggml_backend_buffer_i ggml_cpu_virtual_buffer_i = {
-    /* .free_buffer   = */ ggml_cpu_virtual_buffer_free,
-    /* .get_base      = */ ggml_cpu_virtual_buffer_get_base,
-    /* .init_tensor   = */ nullptr,
-    /* .memset_tensor = */ ggml_cpu_virtual_buffer_memset_tensor,
-    /* .set_tensor    = */ ggml_cpu_virtual_buffer_set_tensor,
-    /* .get_tensor    = */ ggml_cpu_virtual_buffer_get_tensor,
-    /* .set_tensor_2d = */ nullptr,
-    /* .get_tensor_2d = */ nullptr,
-    /* .cpy_tensor    = */ ggml_cpu_virtual_buffer_cpy_tensor,
-    /* .clear         = */ ggml_cpu_virtual_buffer_clear,
-    /* .reset         = */ nullptr,
-};
-
-static bool ggml_cpu_virtual_buffer_is_ours(ggml_backend_buffer_t buffer) {
-    return buffer != nullptr && buffer->iface.free_buffer == ggml_cpu_virtual_buffer_free;
-}
-
+// upstream's CPU buffer, typed as ours (not host memory) and copying only from our buffers
 static ggml_backend_buffer_t ggml_cpu_virtual_buffer_type_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size) {
-    void * data = ggml_aligned_malloc(std::max<size_t>(size, 1));
-    if (data == nullptr) {
-        GGML_LOG_ERROR("%s: failed to allocate %zu bytes\n", __func__, size);
+    ggml_backend_buffer_t buffer = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), size);
+    if (buffer == nullptr) {
         return nullptr;
     }
-    return ggml_backend_buffer_init(buft, ggml_cpu_virtual_buffer_i, data, size);
+    buffer->buft             = buft;
+    buffer->iface.cpy_tensor = ggml_cpu_virtual_buffer_cpy_tensor;
+    return buffer;
 }
 
 static size_t ggml_cpu_virtual_buffer_type_get_alignment(ggml_backend_buffer_type_t buft) {
@@ -234,7 +208,6 @@ struct ggml_cpu_virtual_backend_context {
     std::string                       name;
     ggml_backend_t                    cpu;          // used by the worker thread only
     int64_t                           delay_us;
-    bool                              broken_wait;
     std::unique_ptr<ggml_cpu_virtual_stream> stream; // declared last: joined first
 };
 
@@ -266,8 +239,9 @@ static void ggml_cpu_virtual_backend_get_tensor_async(ggml_backend_t backend, co
     vctx(backend)->stream->push([src, data, size] { memcpy(data, src, size); });
 }
 
+// reached through backend_dst's interface, so only the source needs checking
 static bool ggml_cpu_virtual_backend_cpy_tensor_async(ggml_backend_t backend_src, ggml_backend_t backend_dst, const ggml_tensor * src, ggml_tensor * dst) {
-    if (!ggml_backend_is_cpu_virtual(backend_src) || !ggml_backend_is_cpu_virtual(backend_dst) ||
+    if (!ggml_backend_is_cpu_virtual(backend_src) ||
             !ggml_cpu_virtual_buffer_is_ours(src->buffer) || !ggml_cpu_virtual_buffer_is_ours(dst->buffer) ||
             !ggml_is_contiguous(src) || !ggml_is_contiguous(dst)) {
         return false;
@@ -279,8 +253,7 @@ static bool ggml_cpu_virtual_backend_cpy_tensor_async(ggml_backend_t backend_src
     auto ev = std::make_shared<ggml_cpu_virtual_event>();
     vctx(backend_src)->stream->push([src_data, dst_data, nbytes] { memcpy(dst_data, src_data, nbytes); });
     ev->record(*vctx(backend_src)->stream);
-    ev->wait_on(*vctx(backend_dst)->stream, vctx(backend_dst)->broken_wait);
-    vctx(backend_dst)->stream->push([ev] {}); // keeps the event alive until the wait has run
+    ev->wait_on(*vctx(backend_dst)->stream);
     return true;
 }
 
@@ -290,14 +263,19 @@ static void ggml_cpu_virtual_backend_synchronize(ggml_backend_t backend) {
 
 // A snapshot of the graph's nodes and their sources: callers (the Meta backend) rewrite their
 // auxiliary tensors on the next call, possibly before this stream has reached the graph.
+// The copy has its own hash set with the source's use counts (the CPU backend's fusion reads them,
+// and the caller refills its own set for the next graph).
 struct ggml_cpu_virtual_graph_copy {
     std::vector<ggml_tensor>   tensors;
     std::vector<ggml_tensor *> nodes;
+    ggml_hash_set              hash;
+    std::vector<int32_t>       use_counts;
     ggml_cgraph                graph;
 
     explicit ggml_cpu_virtual_graph_copy(const ggml_cgraph * src) {
         const int n_nodes = src->n_nodes;
         std::unordered_map<const ggml_tensor *, size_t> index;
+        index.reserve(2 * (size_t) n_nodes);
         for (int i = 0; i < n_nodes; i++) {
             index.emplace(src->nodes[i], i);
         }
@@ -324,14 +302,28 @@ struct ggml_cpu_virtual_graph_copy {
             }
         }
         nodes.resize(n_nodes);
+        hash = ggml_hash_set_new(n_nodes);
+        use_counts.assign(hash.size, 0);
         for (int i = 0; i < n_nodes; i++) {
             nodes[i] = &tensors[i];
+            use_counts[ggml_hash_insert(&hash, nodes[i])] = ggml_node_get_use_count(src, i);
         }
-        graph         = *src;
-        graph.nodes   = nodes.data();
-        graph.n_nodes = n_nodes;
-        graph.size    = n_nodes;
+        graph                  = *src;
+        graph.nodes            = nodes.data();
+        graph.n_nodes          = n_nodes;
+        graph.size             = n_nodes;
+        graph.leafs            = nullptr;
+        graph.n_leafs          = 0;
+        graph.visited_hash_set = hash;
+        graph.use_counts       = use_counts.data();
     }
+
+    ~ggml_cpu_virtual_graph_copy() {
+        ggml_hash_set_free(&hash);
+    }
+
+    ggml_cpu_virtual_graph_copy(const ggml_cpu_virtual_graph_copy &) = delete;
+    ggml_cpu_virtual_graph_copy & operator=(const ggml_cpu_virtual_graph_copy &) = delete;
 };
 
 static ggml_status ggml_cpu_virtual_backend_graph_compute(ggml_backend_t backend, ggml_cgraph * cgraph) {
@@ -351,12 +343,16 @@ static ggml_status ggml_cpu_virtual_backend_graph_compute(ggml_backend_t backend
     return GGML_STATUS_SUCCESS;
 }
 
+static ggml_cpu_virtual_event & ggml_cpu_virtual_event_of(ggml_backend_event_t event) {
+    return **(ggml_cpu_virtual_event_ptr *) event->context;
+}
+
 static void ggml_cpu_virtual_backend_event_record(ggml_backend_t backend, ggml_backend_event_t event) {
-    ((ggml_cpu_virtual_event *) event->context)->record(*vctx(backend)->stream);
+    ggml_cpu_virtual_event_of(event).record(*vctx(backend)->stream);
 }
 
 static void ggml_cpu_virtual_backend_event_wait(ggml_backend_t backend, ggml_backend_event_t event) {
-    ((ggml_cpu_virtual_event *) event->context)->wait_on(*vctx(backend)->stream, vctx(backend)->broken_wait);
+    ggml_cpu_virtual_event_of(event).wait_on(*vctx(backend)->stream);
 }
 
 static const ggml_backend_i ggml_cpu_virtual_backend_i = {
@@ -419,9 +415,8 @@ static ggml_backend_t ggml_cpu_virtual_device_init_backend(ggml_backend_dev_t de
     ctx->name         = dev_ctx->name;
     ctx->cpu          = cpu;
     ctx->delay_us     = ggml_cpu_virtual_delay_selected(dev_ctx->index) ? env_int("GGML_CPU_VIRTUAL_DELAY_US", 0) : 0;
-    ctx->broken_wait  = env_int("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT", 0) != 0;
-    ctx->stream       = std::make_unique<ggml_cpu_virtual_stream>();
-    if (ctx->broken_wait) {
+    ctx->stream       = std::make_unique<ggml_cpu_virtual_stream>(env_int("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT", 0) != 0);
+    if (ctx->stream->broken_wait) {
         GGML_LOG_WARN("%s: GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT is set: event waits on %s do not wait (test only)\n",
                 __func__, ctx->name.c_str());
     }
@@ -475,6 +470,7 @@ static void ggml_cpu_virtual_device_get_props(ggml_backend_dev_t dev, ggml_backe
         /* .host_buffer          = */ false,
         /* .buffer_from_host_ptr = */ false,
         /* .events               = */ true,
+        /* .mmap_support         = */ false,
     };
 }
 
@@ -494,25 +490,20 @@ static bool ggml_cpu_virtual_device_supports_buft(ggml_backend_dev_t dev, ggml_b
     return buft == ggml_cpu_virtual_device_get_buffer_type(dev);
 }
 
-static bool ggml_cpu_virtual_device_offload_op(ggml_backend_dev_t dev, const ggml_tensor * op) {
-    return false;
-    GGML_UNUSED(dev);
-    GGML_UNUSED(op);
-}
-
 static ggml_backend_event_t ggml_cpu_virtual_device_event_new(ggml_backend_dev_t dev) {
-    return new ggml_backend_event { dev, new ggml_cpu_virtual_event };
+    return new ggml_backend_event { dev, new ggml_cpu_virtual_event_ptr(std::make_shared<ggml_cpu_virtual_event>()) };
 }
 
+// may be freed with records or waits still queued (ggml_backend_sched_free does not synchronize first)
 static void ggml_cpu_virtual_device_event_free(ggml_backend_dev_t dev, ggml_backend_event_t event) {
-    delete (ggml_cpu_virtual_event *) event->context;
+    delete (ggml_cpu_virtual_event_ptr *) event->context;
     delete event;
     GGML_UNUSED(dev);
 }
 
 static void ggml_cpu_virtual_device_event_synchronize(ggml_backend_dev_t dev, ggml_backend_event_t event) {
-    auto * ev = (ggml_cpu_virtual_event *) event->context;
-    ev->wait_host(ev->last_recorded());
+    ggml_cpu_virtual_event & ev = ggml_cpu_virtual_event_of(event);
+    ev.wait_host(ev.last_recorded());
     GGML_UNUSED(dev);
 }
 
@@ -528,7 +519,7 @@ static const ggml_backend_device_i ggml_cpu_virtual_device_i = {
     /* .buffer_from_host_ptr = */ nullptr,
     /* .supports_op          = */ ggml_cpu_virtual_device_supports_op,
     /* .supports_buft        = */ ggml_cpu_virtual_device_supports_buft,
-    /* .offload_op           = */ ggml_cpu_virtual_device_offload_op,
+    /* .offload_op           = */ nullptr,
     /* .event_new            = */ ggml_cpu_virtual_device_event_new,
     /* .event_free           = */ ggml_cpu_virtual_device_event_free,
     /* .event_synchronize    = */ ggml_cpu_virtual_device_event_synchronize,
@@ -542,8 +533,8 @@ static const ggml_backend_device_i ggml_cpu_virtual_device_i = {
 
 struct ggml_cpu_virtual_comm {
     std::vector<ggml_backend_t>                          backends;
-    std::vector<std::unique_ptr<ggml_cpu_virtual_event>> produced;
-    std::vector<std::unique_ptr<ggml_cpu_virtual_event>> consumed;
+    std::vector<ggml_cpu_virtual_event_ptr> produced;
+    std::vector<ggml_cpu_virtual_event_ptr> consumed;
 };
 
 static void * ggml_cpu_virtual_comm_init(ggml_backend_t * backends, size_t n_backends) {
@@ -557,8 +548,8 @@ static void * ggml_cpu_virtual_comm_init(ggml_backend_t * backends, size_t n_bac
             return nullptr;
         }
         comm->backends.push_back(backends[i]);
-        comm->produced.emplace_back(new ggml_cpu_virtual_event);
-        comm->consumed.emplace_back(new ggml_cpu_virtual_event);
+        comm->produced.push_back(std::make_shared<ggml_cpu_virtual_event>());
+        comm->consumed.push_back(std::make_shared<ggml_cpu_virtual_event>());
     }
     return comm;
 }
@@ -596,7 +587,7 @@ static bool ggml_cpu_virtual_comm_allreduce_tensor(void * comm_ctx, ggml_tensor 
         ggml_cpu_virtual_backend_context * ctx = vctx(comm->backends[j]);
         for (size_t k = 0; k < n; k++) {
             if (k != j) {
-                comm->produced[k]->wait_on(*ctx->stream, ctx->broken_wait);
+                comm->produced[k]->wait_on(*ctx->stream);
             }
         }
         auto sum = std::make_shared<std::vector<float>>(ne);
@@ -618,7 +609,7 @@ static bool ggml_cpu_virtual_comm_allreduce_tensor(void * comm_ctx, ggml_tensor 
         float * dst = (float *) tensors[j]->data;
         for (size_t k = 0; k < n; k++) {
             if (k != j) {
-                comm->consumed[k]->wait_on(*ctx->stream, ctx->broken_wait);
+                comm->consumed[k]->wait_on(*ctx->stream);
             }
         }
         ctx->stream->push([sum, dst, ne] { memcpy(dst, sum->data(), ne * sizeof(float)); });
@@ -632,7 +623,6 @@ struct ggml_cpu_virtual_reg_context {
     std::mutex                                                    mtx;
     std::vector<std::unique_ptr<ggml_cpu_virtual_device_context>> dev_ctxs;
     std::vector<ggml_backend_device>                              devices;
-    bool                                                          registered = false;
 };
 
 static ggml_cpu_virtual_reg_context & ggml_cpu_virtual_reg_ctx() {
@@ -709,26 +699,19 @@ ggml_backend_reg_t ggml_backend_cpu_virtual_reg(void) {
     auto & ctx = ggml_cpu_virtual_reg_ctx();
     std::lock_guard<std::mutex> lock(ctx.mtx);
     ggml_cpu_virtual_create_devices(ctx, (size_t) std::max(0, env_int("GGML_CPU_VIRTUAL_DEVICES", 0)));
-    if (ctx.devices.empty()) {
-        return nullptr;
-    }
-    ctx.registered = true; // the registry registers what this returns
-    return &ggml_cpu_virtual_reg_obj;
+    return ctx.devices.empty() ? nullptr : &ggml_cpu_virtual_reg_obj;
 }
 
 size_t ggml_backend_cpu_virtual_init(size_t n) {
     // the registry first: creating it may create the devices from the environment
     ggml_backend_reg_count();
     auto & ctx = ggml_cpu_virtual_reg_ctx();
-    bool do_register;
     {
         std::lock_guard<std::mutex> lock(ctx.mtx);
         ggml_cpu_virtual_create_devices(ctx, n);
-        do_register = !ctx.devices.empty() && !ctx.registered;
-        ctx.registered = ctx.registered || do_register;
     }
-    if (do_register) {
-        ggml_backend_register(&ggml_cpu_virtual_reg_obj);
+    if (!ctx.devices.empty()) {
+        ggml_backend_register(&ggml_cpu_virtual_reg_obj); // the registry ignores a second registration
     }
     return ctx.devices.size();
 }
