@@ -77,7 +77,7 @@ def arch_model(str arch, bint moe, list device_indices, str split_mode="layer", 
             if gguf_remove_key(g, key.encode()) < 0:
                 raise KeyError(key)
         p = _arch_model_params(device_indices, split_mode, devs)
-        return Model._random(g, p, seed, stdev, f"{arch}: llama_model_init_from_user failed")
+        return Model._random(g, p, seed, stdev, arch)
     finally:
         gguf_free(g)
         free(devs)

@@ -384,7 +384,7 @@ cdef class Model:
         try:
             p = Model._params(n_gpu_layers, split_mode, main_gpu, split_buf, tensor_split, True)
             g = _gguf_from_dict(kv, tensor_types or {})
-            return Model._random(g, p, seed, stdev, "llama_model_init_from_user failed")
+            return Model._random(g, p, seed, stdev, "Model.from_metadata")
         finally:
             free(split_buf)
             if g != NULL:
@@ -392,7 +392,7 @@ cdef class Model:
 
     @staticmethod
     cdef Model _random(gguf_context * g, llama_model_params p, uint64_t seed, float stdev, str what):
-        """The model that metadata g describes, with _fill_random weights."""
+        """The model that metadata g describes, with _fill_random weights; `what` prefixes errors."""
         cdef Model self = Model.__new__(Model)
         cdef _RandomInit init
         init.seed = seed
@@ -401,7 +401,7 @@ cdef class Model:
         _take_last_error()
         with nogil:
             self.ptr = llama_model_init_from_user(g, _fill_random, &init, p)
-        _null_check(self.ptr, ModelLoadError, what)
+        _null_check(self.ptr, ModelLoadError, f"{what}: llama_model_init_from_user failed")
         if init.failed:
             llama_model_free(self.ptr)
             self.ptr = NULL
@@ -725,12 +725,10 @@ cdef class Context:
         self.rng ^= self.rng << 17
         return <llama_token> (self.rng % <uint64_t> n_vocab)
 
-    def run_prompt(self, int n_prompt, int n_batch):
-        """Decode n_prompt random tokens in batches of n_batch (one output), then synchronize."""
+    def run_prompt(self, int n_prompt):
+        """Decode n_prompt random tokens in batches of the context's n_batch (one output), then synchronize."""
         self._check_open()
-        if n_batch < 1:
-            raise ValueError("n_batch must be >= 1")
-        n_batch = min(n_batch, self.batch_cap)  # llama.cpp caps n_batch at n_ctx
+        cdef int32_t n_batch = self.batch_cap  # llama.cpp's n_batch, capped at n_ctx
         cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
         cdef bint add_bos = llama_vocab_get_add_bos(self.model.vocab)
         cdef llama_token bos = llama_vocab_bos(self.model.vocab)

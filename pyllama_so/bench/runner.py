@@ -157,12 +157,11 @@ def gpu_info() -> str:
     return ", ".join(d["description"] for d in _llama.devices() if d["type"] in ("gpu", "igpu"))
 
 
-def _run_test(ctx: _llama.Context, cp: ContextParams, test: Test, reps: int, warmup: bool,
-              note: Callable[[str], None]) -> list[int]:
+def _run_test(ctx: _llama.Context, test: Test, reps: int, warmup: bool, note: Callable[[str], None]) -> list[int]:
     if warmup:
         note("warm-up")
         if test.n_prompt:
-            ctx.run_prompt(test.n_prompt, cp.n_batch)
+            ctx.run_prompt(test.n_prompt)
         if test.n_gen:
             ctx.run_gen(1)
     samples = []
@@ -170,24 +169,39 @@ def _run_test(ctx: _llama.Context, cp: ContextParams, test: Test, reps: int, war
         ctx.clear()
         if test.n_depth:
             note(f"depth {rep + 1}/{reps}")
-            ctx.run_prompt(test.n_depth, cp.n_batch)
+            ctx.run_prompt(test.n_depth)
         note(f"rep {rep + 1}/{reps}")
         t0 = time.perf_counter_ns()
         if test.n_prompt:
-            ctx.run_prompt(test.n_prompt, cp.n_batch)
+            ctx.run_prompt(test.n_prompt)
         if test.n_gen:
             ctx.run_gen(test.n_gen)
         samples.append(time.perf_counter_ns() - t0)
     return samples
 
 
+def _progress(total: int, enabled: bool) -> Callable[[int, Test, str], None]:
+    """Progress on stderr: one updated line on a terminal, one line per test in a log."""
+    tty = sys.stderr.isatty()
+
+    def note(index: int, test: Test, stage: str) -> None:
+        if not enabled:
+            return
+        line = f"bench: {index}/{total} {test.name}: {stage}"
+        if tty:
+            print(f"\r{line}\033[K" if stage else "\r\033[K", end="", file=sys.stderr, flush=True)
+        elif stage.startswith("rep 1/"):
+            print(line, file=sys.stderr, flush=True)
+
+    return note
+
+
 def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestResult]:
     """Run every combination; yield each result as soon as it is measured."""
     if any(params.split_overlap):  # before any model is loaded
         raise NotImplementedError("-so 1: split overlap is not wired to the library yet")
-    total = params.count()
+    note = _progress(params.count(), progress)
     index = 0
-    tty = sys.stderr.isatty()
     for mp in params.model_params():
         model = _llama.Model.load(mp.model, n_gpu_layers=mp.n_gpu_layers, split_mode=mp.split_mode,
                                   main_gpu=mp.main_gpu, tensor_split=list(mp.tensor_split) or None)
@@ -195,29 +209,19 @@ def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestR
             for cp in params.context_params():
                 for test in params.tests():
                     index += 1
-
-                    def note(stage: str, _i: int = index, _t: Test = test) -> None:
-                        if not progress:
-                            return
-                        line = f"bench: {_i}/{total} {_t.name}: {stage}"
-                        if tty:
-                            print(f"\r{line}\033[K", end="", file=sys.stderr, flush=True)
-                        elif stage.startswith("rep 1/"):  # one line per test in logs
-                            print(line, file=sys.stderr, flush=True)
-
                     ctx = _llama.Context(model, n_ctx=test.n_prompt + test.n_gen + test.n_depth,
                                          n_batch=cp.n_batch, n_ubatch=cp.n_ubatch, n_threads=cp.n_threads,
                                          flash_attn=cp.flash_attn, type_k=cp.type_k, type_v=cp.type_v)
                     try:
                         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-                        allreduce.reset_allreduce_stats()
-                        samples = _run_test(ctx, cp, test, params.repetitions, params.warmup, note)
+                        allreduce.reset_allreduce_stats()  # the counts include warm-up and depth-filling runs
+                        samples = _run_test(ctx, test, params.repetitions, params.warmup,
+                                            functools.partial(note, index, test))
                         stats = allreduce.allreduce_stats()
                     finally:
                         ctx.free()
-                    if progress and tty:
-                        print("\r\033[K", end="", file=sys.stderr, flush=True)
-                    calls = {k: v.calls for k, v in stats.paths.items() if v.calls} if stats.available else {}
+                    note(index, test, "")  # clears the terminal line
+                    calls = {k: v.calls for k, v in stats.paths.items() if v.calls}
                     yield TestResult(mp, cp, test, model.desc, model.size, model.n_params, samples, stamp, calls)
         finally:
             model.free()
