@@ -27,7 +27,7 @@ def comma_list(parse: Callable[[str], T]) -> Callable[[str], list[T]]:
 
     def parse_list(text: str) -> list[T]:
         items = [s.strip() for s in text.split(",")]
-        if not items or any(not s for s in items):
+        if any(not s for s in items):  # "".split(",") is [""], so an empty text fails here too
             raise argparse.ArgumentTypeError(f"empty item in {text!r}")
         return [parse(s) for s in items]
 

@@ -16,6 +16,7 @@ from pyllama_so import _llama
 from pyllama_so import args as A
 from pyllama_so.bench.printers import PRINTERS
 from pyllama_so.bench.runner import BenchParams, run_benchmarks
+from pyllama_so.synth import SHAPES
 
 
 def default_threads() -> int:
@@ -38,37 +39,42 @@ def default_threads() -> int:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pyllama_so.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    env = A.env_default  # string defaults go through each flag's type, as typed values do
+    d = BenchParams(models=[])  # the defaults live there (the printers compare against them too)
+
+    def env(name: str, values: list[object]) -> str:  # LLAMA_ARG_<name>, else the default; parsed by the flag's type
+        return A.env_default(name, ",".join(str(v).lower() for v in values))
+
     ap.add_argument("-m", "--model", type=A.comma_list(str), action="extend", default=None,
                     help="GGUF model file(s); default: a cached synthetic model (env LLAMA_ARG_MODEL)")
-    ap.add_argument("--synthetic", default="small", help="shape of the synthetic model used without -m (default small)")
-    ap.add_argument("-p", "--n-prompt", type=A.comma_list(A.non_negative_int), default=[512])
-    ap.add_argument("-n", "--n-gen", type=A.comma_list(A.non_negative_int), default=[128])
+    ap.add_argument("--synthetic", default="small", choices=list(SHAPES), help="shape of the synthetic model used without -m (default small)")
+    ap.add_argument("-p", "--n-prompt", type=A.comma_list(A.non_negative_int), default=d.n_prompt)
+    ap.add_argument("-n", "--n-gen", type=A.comma_list(A.non_negative_int), default=d.n_gen)
     ap.add_argument("-pg", type=A.pp_tg_pair, action="append", default=[], metavar="PP,TG",
                     help="prompt + generation test; repeat the flag for several")
-    ap.add_argument("-d", "--n-depth", type=A.comma_list(A.non_negative_int), default=[0])
+    ap.add_argument("-d", "--n-depth", type=A.comma_list(A.non_negative_int), default=d.n_depth)
     ap.add_argument("-b", "--batch-size", type=A.comma_list(A.positive_int),
-                    default=env("BATCH", "2048"))
+                    default=env("BATCH", d.n_batch))
     ap.add_argument("-ub", "--ubatch-size", type=A.comma_list(A.positive_int),
-                    default=env("UBATCH", "512"))
+                    default=env("UBATCH", d.n_ubatch))
     ap.add_argument("-ngl", "--n-gpu-layers", type=A.comma_list(A.gpu_layers),
-                    default=env("N_GPU_LAYERS", "-1"))
+                    default=env("N_GPU_LAYERS", d.n_gpu_layers))
     ap.add_argument("-sm", "--split-mode", type=A.comma_list(A.choice(A.SPLIT_MODES, "split mode")),
-                    default=env("SPLIT_MODE", "layer"))
-    ap.add_argument("-mg", "--main-gpu", type=A.comma_list(A.non_negative_int), default=[0])
+                    default=env("SPLIT_MODE", d.split_mode))
+    ap.add_argument("-mg", "--main-gpu", type=A.comma_list(A.non_negative_int), default=d.main_gpu)
     ap.add_argument("-ts", "--tensor-split", type=A.comma_list(A.tensor_split), default=None,
                     help="e.g. 1/1 (proportions per device), comma list for several")
     ap.add_argument("-fa", "--flash-attn", type=A.comma_list(A.choice(A.FLASH_ATTN, "flash-attn value")),
-                    default=env("FLASH_ATTN", "auto"))
+                    default=env("FLASH_ATTN", d.flash_attn))
     ap.add_argument("-ctk", "--cache-type-k", type=A.comma_list(A.choice(A.CACHE_TYPES, "cache type")),
-                    default=env("CACHE_TYPE_K", "f16"))
+                    default=env("CACHE_TYPE_K", d.type_k))
     ap.add_argument("-ctv", "--cache-type-v", type=A.comma_list(A.choice(A.CACHE_TYPES, "cache type")),
-                    default=env("CACHE_TYPE_V", "f16"))
-    ap.add_argument("-t", "--threads", type=A.comma_list(A.positive_int), default=None)
+                    default=env("CACHE_TYPE_V", d.type_v))
+    ap.add_argument("-t", "--threads", type=A.comma_list(A.positive_int),
+                    default=A.env_default("THREADS", str(default_threads())))
     ap.add_argument("-so", "--split-overlap", type=A.comma_list(A.boolean),
-                    default=env("SPLIT_OVERLAP", "0"),
+                    default=env("SPLIT_OVERLAP", d.split_overlap),
                     help="alternate prompt ubatches between two lanes (0/1)")
-    ap.add_argument("-r", "--repetitions", type=A.positive_int, default=5)
+    ap.add_argument("-r", "--repetitions", type=A.positive_int, default=d.repetitions)
     ap.add_argument("-o", "--output", choices=list(PRINTERS), default="md")
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
@@ -85,12 +91,11 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
     for m in models:
         if not os.path.isfile(m):
             raise SystemExit(f"bench: model file not found: {m}")
-    threads = ns.threads or [int(A.env_default("THREADS", str(default_threads())))]
     return BenchParams(
         models=models, n_prompt=ns.n_prompt, n_gen=ns.n_gen, pg=ns.pg, n_depth=ns.n_depth,
         n_batch=ns.batch_size, n_ubatch=ns.ubatch_size, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode,
         main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], flash_attn=ns.flash_attn,
-        type_k=ns.cache_type_k, type_v=ns.cache_type_v, n_threads=threads, split_overlap=ns.split_overlap,
+        type_k=ns.cache_type_k, type_v=ns.cache_type_v, n_threads=ns.threads, split_overlap=ns.split_overlap,
         repetitions=ns.repetitions, warmup=not ns.no_warmup)
 
 
