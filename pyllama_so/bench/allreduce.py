@@ -113,8 +113,11 @@ def time_in_child(path: str, extra_env: dict[str, str], args: argparse.Namespace
            "--sizes", ",".join(str(s) for s in args.sizes), "--warmup", str(args.warmup),
            "--iters", str(args.iters), "--devices", f"{args.devices[0]},{args.devices[1]}"]
     env = dict(os.environ, **extra_env)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return {"error": "child timed out after 300 s"}
+    if proc.returncode != 0 or not proc.stdout.strip():
         return {"error": f"child exited {proc.returncode}: {proc.stderr.strip()[-2000:]}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
