@@ -211,9 +211,14 @@ def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "
     return path
 
 
+# Part of a cached model's name: raise it when the shapes or the weights written change, so that a
+# model cached by an older version is not reused.
+CACHE_VERSION = 2
+
+
 def cached_model(shape_name: str = "small", weight_type: str = "f16") -> Path:
     """The cached synthetic model of a shape, written on first use."""
-    path = default_cache_dir() / f"{shape_name}-{weight_type}.gguf"
+    path = default_cache_dir() / f"{shape_name}-{weight_type}-v{CACHE_VERSION}.gguf"
     if not path.exists():
         write_model(path, shape_name, weight_type)
     return path

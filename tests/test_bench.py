@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pyllama_so import synth
 from pyllama_so.bench.__main__ import main
 
 
@@ -101,8 +102,12 @@ def test_env_defaults(tiny_model: Path, capsys: pytest.CaptureFixture[str], monk
 def test_default_synthetic_model_is_cached(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYLLAMA_SO_CACHE", str(tmp_path))
+    written = []
     for _ in range(2):
         rc, out, _ = run(capsys, "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl")
         assert rc == 0
-    files = list((tmp_path / "models").iterdir())
-    assert [f.name for f in files] == ["tiny-f16.gguf"]
+        files = list((tmp_path / "models").iterdir())
+        assert [f.name for f in files] == [f"tiny-f16-v{synth.CACHE_VERSION}.gguf"]
+        st = files[0].stat()
+        written.append((st.st_ino, st.st_mtime_ns))
+    assert written[0] == written[1]  # the second run reused the file instead of writing it again
