@@ -147,7 +147,24 @@ def test_create_completion_stops_at_stop_string(tiny_model: Path) -> None:
 def test_prompt_prefix_is_reused(tiny_model: Path) -> None:
     with Llama(tiny_model, n_ctx=128) as llm:
         p = llm.tokenize("abcdef")
+        assert len(p) > 1
         first = list(llm.generate(p, max_tokens=3, temperature=0.0, stop_on_eog=False))
         assert llm.n_tokens == len(p) + 2  # the last sampled token is never evaluated
-        again = list(llm.generate(p, max_tokens=3, temperature=0.0, stop_on_eog=False))
+        real = llm._ctx
+        decoded: list[int] = []
+
+        class CountingContext:  # records how many tokens each decode evaluates
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def decode(self, tokens: list[int], **kw: object) -> object:
+                decoded.append(len(tokens))
+                return real.decode(tokens, **kw)
+
+        llm._ctx = CountingContext()  # type: ignore[assignment]
+        try:
+            again = list(llm.generate(p, max_tokens=3, temperature=0.0, stop_on_eog=False))
+        finally:
+            llm._ctx = real
     assert first == again
+    assert decoded[0] == 1  # the cached prompt was kept: only its last token is evaluated again
