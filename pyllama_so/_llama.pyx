@@ -90,8 +90,8 @@ cdef str _take_last_error():
     return msg
 
 
-cdef _check_decode(int rc, str what):
-    """The one place where llama_decode's return codes become exceptions."""
+cdef _check_decode(int rc, str what, str call="llama_decode"):
+    """The one place where llama_decode's (and llama_encode's) return codes become exceptions."""
     if rc == 0:
         return
     if rc == 1:
@@ -101,7 +101,7 @@ cdef _check_decode(int rc, str what):
     detail = _take_last_error()
     if rc == -1:
         raise ValueError(f"{what}: invalid batch" + (f" ({detail})" if detail else ""))
-    raise DecodeError(f"{what}: llama_decode returned {rc}" + (f": {detail}" if detail else ""))
+    raise DecodeError(f"{what}: {call} returned {rc}" + (f": {detail}" if detail else ""))
 
 
 cdef _null_check(const void * ptr, exc_type, str what):
