@@ -47,6 +47,7 @@ cdef extern from "pyllama-so-allreduce.h" nogil:
         int32_t n_iter
         double * us_per_iter
         double * host_us_per_iter
+        double * queued_us_per_iter
 
     ctypedef int (*pyllama_so_allreduce_stats_t)(pyllama_so_allreduce_stats * out)
     ctypedef void (*pyllama_so_allreduce_stats_reset_t)()
@@ -170,13 +171,19 @@ def allreduce_run(a0, a1, int n_iter=1, unsigned int inactive=0, devices=(0, 1),
     return r0, r1
 
 
+def _nan_to_none(values):
+    return [None if np.isnan(x) else float(x) for x in values]
+
+
 def allreduce_bench(sizes, str mode="comm", int n_warmup=5, int n_iter=50, devices=(0, 1), bint host_time=False):
     """Mean microseconds per iteration for each size in bytes.
 
     mode "comm": reductions of F32 tensors of that many bytes through a fresh CUDA comm context
     (routed by the GGML_CUDA_* variables in effect now). mode "ceiling": both GPUs copy that many
     bytes device->host and host->device at once (pinned memory), the copy-engine ceiling.
-    host_time: also return the mean host time to issue one reduction ("comm" only): (us, host_us).
+    host_time ("comm" only): return (us, host_us, queued_us): also the mean host time to issue one
+    reduction, and the GPU time per reduction with the reductions queued before the GPUs start them
+    (the host's issue time left out; None where the host could not queue them in time).
     """
     cdef pyllama_so_allreduce_bench_t fn = <pyllama_so_allreduce_bench_t> _ar_proc(PYLLAMA_SO_AR_BENCH_NAME)
     if fn == NULL:
@@ -189,9 +196,11 @@ def allreduce_bench(sizes, str mode="comm", int n_warmup=5, int n_iter=50, devic
         raise ValueError("sizes must be a non-empty list of byte counts")
     us = np.zeros(nb.size, dtype=np.float64)
     host_us = np.full(nb.size, np.nan, dtype=np.float64)
+    queued_us = np.full(nb.size, np.nan, dtype=np.float64)
     cdef int64_t[::1] vnb = nb
     cdef double[::1] vus = us
     cdef double[::1] vhost = host_us
+    cdef double[::1] vqueued = queued_us
     cdef pyllama_so_allreduce_bench_params p
     memset(&p, 0, sizeof(p))
     p.size = sizeof(p)
@@ -204,10 +213,11 @@ def allreduce_bench(sizes, str mode="comm", int n_warmup=5, int n_iter=50, devic
     p.n_iter = n_iter
     p.us_per_iter = &vus[0]
     p.host_us_per_iter = &vhost[0]
+    p.queued_us_per_iter = &vqueued[0] if host_time and mode == "comm" else NULL
     cdef int rc
     with nogil:
         rc = fn(&p)
     _ar_check(rc, "allreduce_bench")
     if host_time:
-        return [float(x) for x in us], [None if np.isnan(x) else float(x) for x in host_us]
+        return [float(x) for x in us], _nan_to_none(host_us), _nan_to_none(queued_us)
     return [float(x) for x in us]

@@ -63,6 +63,10 @@ struct pyllama_so_allreduce_bench_params {
     int32_t         n_iter;
     double *        us_per_iter;      // out, n_sizes entries: mean GPU time per iteration (slower device)
     double *        host_us_per_iter; // out, optional (may be NULL): mean host time to issue one iteration
+    double *        queued_us_per_iter; // out, optional (may be NULL), "comm" only: mean GPU time per reduction
+                                        // with the reductions queued before the GPUs start them (a delay on
+                                        // GPU 0 holds both), so the host's issue time is left out; NaN if the
+                                        // host had not queued them all before the delay ended
 };
 
 // Return codes of run/bench.

@@ -8,6 +8,8 @@ algBW); the reduced F32 tensor is twice as large. For each size it times, in one
   ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size)
   ce_c<K>k      with --ce-sweep: the copy-engine path with a fixed chunk of K KiB
                 (GGML_CUDA_AR_CE_CHUNK_BYTES) instead of the automatic 1 or 2 MiB
+  ce_1thread    with --ce-sweep: the copy-engine path issued from the calling thread alone
+                (GGML_CUDA_AR_CE_WORKER=0)
   nccl          NCCL as the machine allows (NVLink/peer access where present)
   nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory (in a child process: NCCL
                 reads the variable once per process)
@@ -15,8 +17,9 @@ algBW); the reduced F32 tensor is twice as large. For each size it times, in one
   ceiling       both GPUs copying the payload device->host and host->device at once (pinned),
                 the bound for any reduction through host memory
 
-and prints time, algBW (payload / time), the ratio to the ceiling (ceiling time / time), and the
-host time to issue one reduction (when it comes close to the time, the path is bound by its API calls).
+and prints time, algBW (payload / time), the ratio to the ceiling (ceiling time / time), the host
+time to issue one reduction (when it comes close to the time, the path is bound by its API calls),
+and the GPU time per reduction with the reductions queued before the GPUs start (host time left out).
 Each path's reductions are checked against the counters, so a path that silently fell back to
 another one is reported as such.
 """
@@ -35,19 +38,21 @@ import pyllama_so
 from pyllama_so import _llama
 from pyllama_so import args as A
 from pyllama_so.allreduce import (ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES,
-                                  set_env)
+                                  ENV_CE_WORKER, set_env)
 
 DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 
 # path -> (environment for the comm context, the counter that must move)
-_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None}
+_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None,
+                                  ENV_CE_WORKER: None}
 _BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_CHUNK_BYTES: None}
 SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
-# --ce-sweep: the copy engines with each fixed chunk size
-SWEEP_PATHS = tuple(f"ce_c{kib}k" for kib in SWEEP_CHUNKS_KIB)
+# --ce-sweep: the copy engines with each fixed chunk size, and issued from one thread
+SWEEP_PATHS = (*(f"ce_c{kib}k" for kib in SWEEP_CHUNKS_KIB), "ce_1thread")
 PATHS: dict[str, tuple[dict[str, str | None], str]] = {
     "ce": (_CE_ENV, "ce"),
-    **{name: ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for name, kib in zip(SWEEP_PATHS, SWEEP_CHUNKS_KIB)},
+    **{f"ce_c{kib}k": ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for kib in SWEEP_CHUNKS_KIB},
+    "ce_1thread": ({**_CE_ENV, ENV_CE_WORKER: "0"}, "ce"),
     "nccl": ({**_BASE_ENV, ENV_ALLREDUCE: "nccl"}, "nccl"),
     "internal": ({**_BASE_ENV, ENV_ALLREDUCE: "internal"}, "internal"),
 }
@@ -89,13 +94,13 @@ def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices:
     with environ(env):
         _llama.allreduce_stats_reset()
         try:
-            us, host_us = _llama.allreduce_bench([2 * s for s in sizes], "comm", warmup, iters, tuple(devices),
-                                                 host_time=True)
+            us, host_us, queued_us = _llama.allreduce_bench([2 * s for s in sizes], "comm", warmup, iters,
+                                                            tuple(devices), host_time=True)
         except _llama.LlamaError as e:
             return {"error": str(e)}
         stats = _llama.allreduce_stats()["paths"]
     ran = {name: v["calls"] for name, v in stats.items() if v["calls"]}
-    out: dict[str, object] = {"us": us, "host_us": host_us, "paths_counted": ran}
+    out: dict[str, object] = {"us": us, "host_us": host_us, "queued_us": queued_us, "paths_counted": ran}
     if set(ran) != {counter}:
         out["warning"] = f"expected every reduction on {counter!r}, counted {ran}"
     return out
@@ -147,6 +152,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         res["algbw_gbs"] = [s / (t * 1e-6) / 1e9 if t > 0 else None for s, t in zip(args.sizes, us)]
         if ceiling:
             res["ratio_to_ceiling"] = [c / t if t > 0 else None for c, t in zip(ceiling, us)]
+            if "queued_us" in res:
+                res["queued_ratio_to_ceiling"] = [c / t if t else None for c, t in zip(ceiling, res["queued_us"])]
     return {
         "benchmark": "allreduce",
         "payload": "bf16 bytes crossing between the GPUs; the reduced F32 tensor is twice as large",
@@ -161,16 +168,17 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 def print_table(report: dict[str, object]) -> None:
     sizes = report["sizes"]
     results = report["results"]
-    print("| size | path | time (µs) | algBW (GB/s) | vs ceiling | host µs to issue |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print("| size | path | time (µs) | algBW (GB/s) | vs ceiling | host µs to issue | GPU µs, queued | queued vs ceiling |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    none = [None] * len(sizes)
     for k, size in enumerate(sizes):
         for name, res in results.items():
             if "us" not in res:
                 continue
-            ratio = res.get("ratio_to_ceiling", [None] * len(sizes))[k]
-            host = res.get("host_us", [None] * len(sizes))[k]
             print(f"| {fmt_size(size)} | {name} | {res['us'][k]:.1f} | {_fmt(res['algbw_gbs'][k], '.1f')} | "
-                  f"{_fmt(ratio, '.2f')} | {_fmt(host, '.1f')} |")
+                  f"{_fmt(res.get('ratio_to_ceiling', none)[k], '.2f')} | {_fmt(res.get('host_us', none)[k], '.1f')} | "
+                  f"{_fmt(res.get('queued_us', none)[k], '.1f')} | "
+                  f"{_fmt(res.get('queued_ratio_to_ceiling', none)[k], '.2f')} |")
     for name, res in results.items():
         for key in ("error", "warning"):
             if key in res:

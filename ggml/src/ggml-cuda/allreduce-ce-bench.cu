@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <vector>
 
 #if !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA)
@@ -269,6 +270,57 @@ static int ggml_cuda_ce_bench_ceiling(ggml_cuda_ce_rig & rig, const int32_t * de
     return rc;
 }
 
+// Holds a stream for `ns` nanoseconds of wall-clock time.
+static __global__ void ggml_cuda_ce_delay_kernel(const uint64_t ns) {
+    uint64_t t0;
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
+// GPU time per reduction with the host's issue time left out: GPU 0 sits in a delay kernel (GPU 1
+// waits for it) while the host queues n reductions, which then run back to back. NaN if the host
+// had not queued them all when the delay ended (then its issue time would count again).
+static double ggml_cuda_ce_bench_queued(ggml_cuda_ce_rig & rig, const int32_t * devices, ggml_tensor ** t, const int n,
+                                        const double host_us_per_iter, cudaEvent_t start[2], cudaEvent_t end[2], bool * declined) {
+    const double delay_us = std::max(5000.0, 4.0 * n * host_us_per_iter);
+    cudaEvent_t go = nullptr;
+    rig.sync();
+    ggml_cuda_set_device(devices[0]);
+    CUDA_CHECK(cudaEventCreateWithFlags(&go, cudaEventDisableTiming));
+    ggml_cuda_ce_delay_kernel<<<1, 1, 0, rig.stream(0)>>>((uint64_t) (delay_us * 1000.0));
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaEventRecord(go, rig.stream(0)));
+    ggml_cuda_set_device(devices[1]);
+    CUDA_CHECK(cudaStreamWaitEvent(rig.stream(1), go, 0));
+    for (int i = 0; i < 2; ++i) {
+        ggml_cuda_set_device(devices[i]);
+        CUDA_CHECK(cudaEventRecord(start[i], rig.stream(i)));
+    }
+    const auto host_t0 = std::chrono::steady_clock::now();
+    for (int it = 0; it < n && !*declined; ++it) {
+        *declined = !rig.allreduce(rig.comm, t);
+    }
+    const double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_t0).count();
+    double worst = 0.0;
+    for (int i = 0; i < 2; ++i) {
+        ggml_cuda_set_device(devices[i]);
+        CUDA_CHECK(cudaEventRecord(end[i], rig.stream(i)));
+    }
+    for (int i = 0; i < 2; ++i) {
+        ggml_cuda_set_device(devices[i]);
+        CUDA_CHECK(cudaEventSynchronize(end[i]));
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], end[i]));
+        worst = std::max(worst, (double) ms);
+    }
+    ggml_cuda_set_device(devices[0]);
+    CUDA_CHECK(cudaEventDestroy(go));
+    return host_us < delay_us ? worst * 1000.0 / n : std::nan("");
+}
+
 int ggml_cuda_ce_bench(const pyllama_so_allreduce_bench_params * p) {
     if (p == nullptr || p->size != sizeof(*p) || p->n_sizes < 1 || p->n_bytes == nullptr || p->us_per_iter == nullptr ||
         p->n_warmup < 0 || p->n_iter < 1 ||
@@ -351,6 +403,14 @@ int ggml_cuda_ce_bench(const pyllama_so_allreduce_bench_params * p) {
             worst = std::max(worst, (double) ms);
         }
         p->us_per_iter[k] = worst * 1000.0 / p->n_iter;
+        if (p->queued_us_per_iter != nullptr) {
+            bool declined = false;
+            p->queued_us_per_iter[k] = ggml_cuda_ce_bench_queued(rig, p->devices, t, std::min(p->n_iter, 8),
+                                                                 host_us / p->n_iter, start, end, &declined);
+            if (declined) {
+                rc = PYLLAMA_SO_AR_EDECLINED;
+            }
+        }
     }
     rig.sync();
     for (int i = 0; i < 2; ++i) {
