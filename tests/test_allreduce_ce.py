@@ -23,7 +23,7 @@ SLOT_ELEMS = 4 * 1024 * 1024 // 2  # one slot (the per-round buffer) in BF16 ele
 MIN_BYTES_DEFAULT = 512 * 1024
 
 KNOBS = ("GGML_CUDA_ALLREDUCE", "GGML_CUDA_AR_CE", "GGML_CUDA_AR_CE_MIN_BYTES", "GGML_CUDA_AR_CE_FAIL_ALLOC",
-         "GGML_CUDA_AR_CE_CHUNK_BYTES", "GGML_CUDA_AR_CE_WORKER", "GGML_CUDA_AR_CE_LANES")
+         "GGML_CUDA_AR_CE_CHUNK_BYTES", "GGML_CUDA_AR_CE_WORKER")
 
 
 needs_two_gpus = pytest.mark.skipif(
@@ -204,21 +204,6 @@ def test_ce_bitwise_fixed_chunk_sizes(knobs: pytest.MonkeyPatch, n: int, chunk: 
 
 @pytest.mark.gpu
 @needs_two_gpus
-@pytest.mark.parametrize("lanes, chunk", [(2, 64 << 10), (2, 1 << 20), (3, 64 << 10), (4, 2 << 20)])
-@pytest.mark.parametrize("n", [3, CHUNK_ELEMS + 7, 3 * SLOT_ELEMS + 12345])
-def test_ce_bitwise_lanes(knobs: pytest.MonkeyPatch, n: int, lanes: int, chunk: int) -> None:
-    """Several copy streams per direction: fewer chunks than lanes, uneven chunks per lane, rounds."""
-    force_ce(knobs)
-    knobs.setenv("GGML_CUDA_AR_CE_LANES", str(lanes))
-    knobs.setenv("GGML_CUDA_AR_CE_CHUNK_BYTES", str(chunk))
-    a0, a1 = special_data(n, 10), special_data(n, 11)
-    r0, r1 = _llama.allreduce_run(a0, a1, n_iter=3)
-    assert_same_on_both(r0, r1)
-    assert_bitwise(r0, emulate(a0, a1), f"n={n} lanes={lanes} chunk={chunk}")
-
-
-@pytest.mark.gpu
-@needs_two_gpus
 @pytest.mark.parametrize("inactive", [1, 2, 3])
 @pytest.mark.parametrize("n", [5, CHUNK_ELEMS + 3, 2 * SLOT_ELEMS + 1])
 def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive: int, n: int) -> None:
@@ -337,15 +322,11 @@ def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int, 
                                                       (2 * SLOT_ELEMS, SLOT_ELEMS + 1, 30, "1"),
                                                       (SLOT_ELEMS + 9, CHUNK_ELEMS, 60, "1"),
                                                       (3 * SLOT_ELEMS + 5, 7, 40, "0")])
-@pytest.mark.parametrize("lanes", ["1", "2"])
-def test_race_hunt_alternating_sizes(knobs: pytest.MonkeyPatch, n: int, n_alt: int, n_iter: int, worker: str,
-                                     lanes: str) -> None:
+def test_race_hunt_alternating_sizes(knobs: pytest.MonkeyPatch, n: int, n_alt: int, n_iter: int, worker: str) -> None:
     """Back-to-back reductions of two sizes with different numbers of rounds, as a model's prompt
-    and output reductions come: the slots in use shift from one reduction to the next (and with
-    lanes, which lane last read a slot's region)."""
+    and output reductions come: the slots in use shift from one reduction to the next."""
     force_ce(knobs)
     knobs.setenv("GGML_CUDA_AR_CE_WORKER", worker)
-    knobs.setenv("GGML_CUDA_AR_CE_LANES", lanes)
     rng = np.random.default_rng(n_alt)
     a0 = rng.standard_normal(n * n_iter).astype(np.float32)
     a1 = rng.standard_normal(n * n_iter).astype(np.float32)

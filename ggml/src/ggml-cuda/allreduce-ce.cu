@@ -80,7 +80,6 @@ static constexpr size_t GGML_CUDA_CE_CHUNK_SMALL      = 1024 * 1024;     // auto
 static constexpr size_t GGML_CUDA_CE_CHUNK_LARGE_FROM  = 8 * 1024 * 1024; // ... this many BF16 bytes,
 static constexpr size_t GGML_CUDA_CE_CHUNK_LARGE       = 2 * 1024 * 1024; // and from there on
 static constexpr int    GGML_CUDA_CE_N_SLOTS           = 2;
-static constexpr int    GGML_CUDA_CE_MAX_LANES         = 4;               // GGML_CUDA_AR_CE_LANES range
 static constexpr size_t GGML_CUDA_CE_SLOT_BYTES        = 4 * 1024 * 1024; // BF16 bytes per slot and direction
 static constexpr int    GGML_CUDA_CE_SLOT_CHUNKS       = (int) (GGML_CUDA_CE_SLOT_BYTES / GGML_CUDA_CE_CHUNK_BYTES_MIN);
 static constexpr int64_t GGML_CUDA_CE_SLOT_ELEMS       = (int64_t) (GGML_CUDA_CE_SLOT_BYTES / sizeof(uint16_t));
@@ -141,20 +140,6 @@ static size_t ggml_cuda_ce_env_min_bytes() {
     return (size_t) v.value;
 }
 
-// GGML_CUDA_AR_CE_LANES: copy streams per direction and GPU, 1 to GGML_CUDA_CE_MAX_LANES (default 1);
-// consecutive chunks alternate between them, so one copy's fixed cost can overlap another's transfer.
-static int ggml_cuda_ce_env_lanes() {
-    const ggml_cuda_ce_env_bytes v("GGML_CUDA_AR_CE_LANES");
-    if (v.text == nullptr) {
-        return 1;
-    }
-    if (!v.ok || v.value < 1 || v.value > (unsigned long long) GGML_CUDA_CE_MAX_LANES) {
-        GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE_LANES=\"%s\" (expected 1 to %d)\n", __func__, v.text, GGML_CUDA_CE_MAX_LANES);
-        return 1;
-    }
-    return (int) v.value;
-}
-
 // GGML_CUDA_AR_CE_WORKER=0: issue both GPUs' work from the calling thread (default: a worker thread
 // issues GPU 1's half).
 static bool ggml_cuda_ce_env_use_worker() {
@@ -198,19 +183,23 @@ static size_t ggml_cuda_ce_chunk_bytes(const size_t fixed, const size_t wire_byt
 // Copy-engine transfer (CUDA only)
 // ---------------------------------------------------------------------------------------------
 
+enum ggml_cuda_ce_stream_role {
+    GGML_CUDA_CE_SEND, // D2H of our chunks into our pinned slot
+    GGML_CUDA_CE_RECV, // H2D of the peer's chunks from its pinned slot
+    GGML_CUDA_CE_N_STREAMS,
+};
+
 struct ggml_cuda_ce_device {
     int          device = -1;
-    cudaStream_t send[GGML_CUDA_CE_MAX_LANES] = {}; // D2H of our chunks into our pinned slot, chunk c on lane c % lanes
-    cudaStream_t recv[GGML_CUDA_CE_MAX_LANES] = {}; // H2D of the peer's chunks from its pinned slot, likewise
+    cudaStream_t streams[GGML_CUDA_CE_N_STREAMS] = {};
     char *       vram   = nullptr; // [slot] send part, [slot] recv part (BF16)
     char *       host   = nullptr; // pinned, portable: [slot] our part, read by the peer
 
     // per slot, the latest round in it on this device; the kernels run in two pieces, [0] and [1]
-    cudaEvent_t conv_ev [GGML_CUDA_CE_N_SLOTS][2] = {};                        // first chunk of each lane / whole round converted
+    cudaEvent_t conv_ev [GGML_CUDA_CE_N_SLOTS][2] = {};                        // first chunk / whole round converted
     cudaEvent_t d2h_ev  [GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_SLOT_CHUNKS] = {};  // chunk in our host slot
-    cudaEvent_t d2h_done[GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_MAX_LANES] = {};   // send part no longer read by the lane
-    cudaEvent_t h2d_head[GGML_CUDA_CE_N_SLOTS] = {};                           // (with the other lanes' h2d_done) all but the last chunk received
-    cudaEvent_t h2d_done[GGML_CUDA_CE_N_SLOTS][GGML_CUDA_CE_MAX_LANES] = {};   // the lane's chunks received
+    cudaEvent_t d2h_done[GGML_CUDA_CE_N_SLOTS] = {};                           // send part no longer read
+    cudaEvent_t h2d_ev  [GGML_CUDA_CE_N_SLOTS][2] = {};                        // all but the last / all chunks received
     cudaEvent_t add_done[GGML_CUDA_CE_N_SLOTS] = {};                           // recv part no longer read
 
     // Host side: global rounds whose send / receive half has been issued (a peer's wait on one of
@@ -224,25 +213,15 @@ struct ggml_cuda_ce_device {
     }
     char * host_part(int slot) const { return host + (size_t) slot * GGML_CUDA_CE_SLOT_BYTES; }
 
-    // Every event and stream above, for creating and destroying them.
+    // Every event above, for creating and destroying them.
     template <typename F> void each_event(F && f) {
         for (int s = 0; s < GGML_CUDA_CE_N_SLOTS; ++s) {
-            for (cudaEvent_t * ev : { &conv_ev[s][0], &conv_ev[s][1], &h2d_head[s], &add_done[s] }) {
+            for (cudaEvent_t * ev : { &conv_ev[s][0], &conv_ev[s][1], &h2d_ev[s][0], &h2d_ev[s][1], &d2h_done[s], &add_done[s] }) {
                 f(*ev);
-            }
-            for (int l = 0; l < GGML_CUDA_CE_MAX_LANES; ++l) {
-                f(d2h_done[s][l]);
-                f(h2d_done[s][l]);
             }
             for (cudaEvent_t & ev : d2h_ev[s]) {
                 f(ev);
             }
-        }
-    }
-    template <typename F> void each_stream(F && f) {
-        for (int l = 0; l < GGML_CUDA_CE_MAX_LANES; ++l) {
-            f(send[l]);
-            f(recv[l]);
         }
     }
 };
@@ -270,7 +249,6 @@ struct ggml_cuda_ce_router {
     ggml_cuda_ce_device   dev[2];
     int64_t               rounds         = 0;       // rounds issued so far; slots alternate across reductions too
     bool                  use_worker     = true;    // GGML_CUDA_AR_CE_WORKER
-    int                   lanes          = 1;       // GGML_CUDA_AR_CE_LANES: copy streams per direction
     ggml_cuda_ce_worker * worker         = nullptr; // issues GPU 1's half (when use_worker)
     bool                  capture_logged = false;
 };
@@ -367,33 +345,17 @@ static void ggml_cuda_ce_await(const std::atomic<int64_t> & issued, const int64_
     }
 }
 
-// The lane that copies chunk c.
-static int ggml_cuda_ce_lane(const ggml_cuda_ce_router * r, const int c) {
-    return c % r->lanes;
-}
-
-// The sum of round k on GPU i, on compute[i]: wait until all but the last chunk are in (h2d_head
-// and the other lanes' h2d_done), add them; wait for the last chunk's lane, add it -> add_done.
+// The sum of round k on GPU i: wait h2d[0], chunks 0..n-2; wait h2d[1], the last chunk -> add_done.
 static void ggml_cuda_ce_issue_sum(ggml_cuda_ce_router * r, const ggml_cuda_ce_job & job, const int i, const int64_t k) {
     const ggml_cuda_ce_round rd = ggml_cuda_ce_round_of(job, k);
     ggml_cuda_ce_device & d = r->dev[i];
-    const int last_lane = ggml_cuda_ce_lane(r, rd.n - 1);
     for (int piece = 0; piece < 2; ++piece) {
         const auto [e0, n] = piece == 0 ? ggml_cuda_ce_span(job, rd, 0, rd.n - 1) : ggml_cuda_ce_span(job, rd, rd.n - 1, rd.n);
         if (n <= 0) {
             continue;
         }
-        if (piece == 0) {
-            CUDA_CHECK(cudaStreamWaitEvent(job.compute[i], d.h2d_head[rd.s], 0));
-            for (int l = 0; l < r->lanes; ++l) {
-                if (l != last_lane) {
-                    CUDA_CHECK(cudaStreamWaitEvent(job.compute[i], d.h2d_done[rd.s][l], 0));
-                }
-            }
-        } else {
-            CUDA_CHECK(cudaStreamWaitEvent(job.compute[i], d.h2d_done[rd.s][last_lane], 0));
-        }
         const int64_t at = rd.off + e0;
+        CUDA_CHECK(cudaStreamWaitEvent(job.compute[i], d.h2d_ev[rd.s][piece], 0));
         ggml_cuda_ce_add_kernel<<<ggml_cuda_ce_grid(n), 256, 0, job.compute[i]>>>(
             job.src[i] != nullptr ? job.src[i] + at : nullptr, d.recv_part(rd.s) + e0, job.dst[i] + at, i == 0, n);
         CUDA_CHECK(cudaGetLastError());
@@ -402,27 +364,23 @@ static void ggml_cuda_ce_issue_sum(ggml_cuda_ce_router * r, const ggml_cuda_ce_j
 }
 
 // Round k on GPU i (p = peer, s = slot, g = global round), first half:
-//   compute[i]: wait own d2h_done(s) of every lane (the send part was copied out); convert the
-//               first chunk of each lane -> conv[0], the rest -> conv[1]; then the sum of round k - 2
-//   send lanes: wait peer h2d_done(s) of every lane (the peer finished reading our host slot); per
-//               chunk: its lane's first chunk waits conv[0], its second conv[1]; D2H -> d2h(c);
-//               then d2h_done of the lane
-// The kernels run in two pieces so that the first copies wait for one chunk per lane and the last
-// sum covers one chunk. The sum of round k is put on the compute stream after the conversion of
-// round k + 2, so that conversions never queue behind copies.
+//   compute[i]: wait own d2h_done(s) (the send part was copied out); convert chunk 0 -> conv[0],
+//               the rest -> conv[1]; then the sum of round k - 2
+//   send[i]:    wait peer h2d[1](s) (the peer finished reading our host slot); per chunk: wait
+//               conv[0] (chunk 0) or conv[1] (chunk 1), D2H -> d2h(c); then d2h_done
+// The kernels run in two pieces so that the first copy waits for one chunk's conversion and the
+// last sum covers one chunk. The sum of round k is put on the compute stream after the conversion
+// of round k + 2, so that conversions never queue behind copies.
 static void ggml_cuda_ce_issue_send(ggml_cuda_ce_router * r, const ggml_cuda_ce_job & job, const int i, const int64_t k) {
     const ggml_cuda_ce_round rd = ggml_cuda_ce_round_of(job, k);
     const int64_t g = job.round0 + k;
     const int     s = rd.s;
-    const int     lanes = r->lanes;
     ggml_cuda_ce_device & d  = r->dev[i];
     ggml_cuda_ce_device & dp = r->dev[1 - i];
 
-    for (int l = 0; l < lanes; ++l) {
-        CUDA_CHECK(cudaStreamWaitEvent(job.compute[i], d.d2h_done[s][l], 0));
-    }
+    CUDA_CHECK(cudaStreamWaitEvent(job.compute[i], d.d2h_done[s], 0));
     for (int piece = 0; piece < 2; ++piece) {
-        const auto [e0, n] = piece == 0 ? ggml_cuda_ce_span(job, rd, 0, lanes) : ggml_cuda_ce_span(job, rd, lanes, rd.n);
+        const auto [e0, n] = piece == 0 ? ggml_cuda_ce_span(job, rd, 0, 1) : ggml_cuda_ce_span(job, rd, 1, rd.n);
         if (n > 0) {
             ggml_cuda_ce_to_bf16_kernel<<<ggml_cuda_ce_grid(n), 256, 0, job.compute[i]>>>(
                 job.src[i] != nullptr ? job.src[i] + rd.off + e0 : nullptr, d.send_part(s) + e0, n);
@@ -434,31 +392,25 @@ static void ggml_cuda_ce_issue_send(ggml_cuda_ce_router * r, const ggml_cuda_ce_
         ggml_cuda_ce_issue_sum(r, job, i, k - GGML_CUDA_CE_N_SLOTS);
     }
 
+    cudaStream_t st = d.streams[GGML_CUDA_CE_SEND];
     ggml_cuda_ce_await(dp.received, g - GGML_CUDA_CE_N_SLOTS + 1);
-    for (int l = 0; l < lanes; ++l) {
-        for (int lp = 0; lp < lanes; ++lp) { // the previous round may have been cut into other chunks
-            CUDA_CHECK(cudaStreamWaitEvent(d.send[l], dp.h2d_done[s][lp], 0));
-        }
-    }
+    CUDA_CHECK(cudaStreamWaitEvent(st, dp.h2d_ev[s][1], 0));
     for (int c = 0; c < rd.n; ++c) {
-        cudaStream_t st = d.send[ggml_cuda_ce_lane(r, c)];
-        if (c < 2 * lanes) {
-            CUDA_CHECK(cudaStreamWaitEvent(st, d.conv_ev[s][c / lanes], 0));
+        if (c <= 1) {
+            CUDA_CHECK(cudaStreamWaitEvent(st, d.conv_ev[s][c], 0));
         }
         const auto [e0, n] = ggml_cuda_ce_span(job, rd, c, c + 1);
         CUDA_CHECK(cudaMemcpyAsync(d.host_part(s) + e0 * sizeof(uint16_t), d.send_part(s) + e0,
                                    (size_t) n * sizeof(uint16_t), cudaMemcpyDeviceToHost, st));
         CUDA_CHECK(cudaEventRecord(d.d2h_ev[s][c], st));
     }
-    for (int l = 0; l < lanes; ++l) {
-        CUDA_CHECK(cudaEventRecord(d.d2h_done[s][l], d.send[l]));
-    }
+    CUDA_CHECK(cudaEventRecord(d.d2h_done[s], st));
     d.sent.store(g + 1, std::memory_order_release);
 }
 
 // Round k on GPU i, second half:
-//   recv lanes: wait own add_done(s) (the sum read the receive part); per chunk: wait peer d2h(c),
-//               H2D; h2d_head before the last chunk, on its lane; h2d_done of every lane at the end
+//   recv[i]: wait own add_done(s) (the sum read the receive part); per chunk: wait peer d2h(c),
+//            H2D; h2d[0] before the last chunk, h2d[1] after it
 static void ggml_cuda_ce_issue_recv(ggml_cuda_ce_router * r, const ggml_cuda_ce_job & job, const int i, const int64_t k) {
     const ggml_cuda_ce_round rd = ggml_cuda_ce_round_of(job, k);
     const int64_t g = job.round0 + k;
@@ -466,23 +418,19 @@ static void ggml_cuda_ce_issue_recv(ggml_cuda_ce_router * r, const ggml_cuda_ce_
     ggml_cuda_ce_device & d  = r->dev[i];
     ggml_cuda_ce_device & dp = r->dev[1 - i];
 
+    cudaStream_t st = d.streams[GGML_CUDA_CE_RECV];
     ggml_cuda_ce_await(dp.sent, g + 1);
-    for (int l = 0; l < r->lanes; ++l) {
-        CUDA_CHECK(cudaStreamWaitEvent(d.recv[l], d.add_done[s], 0));
-    }
+    CUDA_CHECK(cudaStreamWaitEvent(st, d.add_done[s], 0));
     for (int c = 0; c < rd.n; ++c) {
-        cudaStream_t st = d.recv[ggml_cuda_ce_lane(r, c)];
         if (c == rd.n - 1) {
-            CUDA_CHECK(cudaEventRecord(d.h2d_head[s], st)); // this lane's earlier chunks are in
+            CUDA_CHECK(cudaEventRecord(d.h2d_ev[s][0], st)); // chunks 0..n-2 are in
         }
         const auto [e0, n] = ggml_cuda_ce_span(job, rd, c, c + 1);
         CUDA_CHECK(cudaStreamWaitEvent(st, dp.d2h_ev[s][c], 0));
         CUDA_CHECK(cudaMemcpyAsync(d.recv_part(s) + e0, dp.host_part(s) + e0 * sizeof(uint16_t),
                                    (size_t) n * sizeof(uint16_t), cudaMemcpyHostToDevice, st));
     }
-    for (int l = 0; l < r->lanes; ++l) {
-        CUDA_CHECK(cudaEventRecord(d.h2d_done[s][l], d.recv[l]));
-    }
+    CUDA_CHECK(cudaEventRecord(d.h2d_ev[s][1], st));
     d.received.store(g + 1, std::memory_order_release);
 }
 
@@ -618,9 +566,9 @@ static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router * r) {
             continue;
         }
         ggml_cuda_set_device(d.device);
-        d.each_stream([](cudaStream_t st) {
+        for (cudaStream_t st : d.streams) {
             if (st) { CUDA_CHECK(cudaStreamSynchronize(st)); }
-        });
+        }
         if (r->state == GGML_CUDA_CE_STATE_READY) {
             auto * cuda_ctx = static_cast<ggml_backend_cuda_context *>(r->backends[i]->context);
             CUDA_CHECK(cudaStreamSynchronize(cuda_ctx->stream()));
@@ -635,9 +583,9 @@ static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router * r) {
         d.each_event([](cudaEvent_t & ev) {
             if (ev) { CUDA_CHECK(cudaEventDestroy(ev)); ev = nullptr; }
         });
-        d.each_stream([](cudaStream_t & st) {
+        for (cudaStream_t & st : d.streams) {
             if (st) { CUDA_CHECK(cudaStreamDestroy(st)); st = nullptr; }
-        });
+        }
         if (d.vram) { CUDA_CHECK(cudaFree(d.vram));     d.vram = nullptr; }
         if (d.host) { CUDA_CHECK(cudaFreeHost(d.host)); d.host = nullptr; }
         d.device = -1;
@@ -656,9 +604,8 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
         GGML_CUDA_CE_TRY(cudaMalloc((void **) &d.vram, GGML_CUDA_CE_VRAM_BYTES));
         // portable: the peer GPU copies from it too
         GGML_CUDA_CE_TRY(cudaHostAlloc((void **) &d.host, GGML_CUDA_CE_HOST_BYTES, cudaHostAllocPortable));
-        for (int l = 0; l < r->lanes; ++l) {
-            GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&d.send[l], cudaStreamNonBlocking));
-            GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&d.recv[l], cudaStreamNonBlocking));
+        for (cudaStream_t & st : d.streams) {
+            GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
         }
         d.each_event([&](cudaEvent_t & ev) { GGML_CUDA_CE_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)); });
     }
@@ -680,9 +627,9 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
     }
     g_ce_buffer_allocs.fetch_add(1, std::memory_order_relaxed);
     GGML_LOG_INFO("%s: copy-engine AllReduce on devices %d,%d: %zu MiB VRAM + %zu MiB pinned host memory per GPU, "
-                  "reductions from %zu bytes, chunks of %s on %d stream(s) per direction, issued from %s\n", __func__,
+                  "reductions from %zu bytes, chunks of %s, issued from %s\n", __func__,
                   r->dev_ids[0], r->dev_ids[1], GGML_CUDA_CE_VRAM_BYTES >> 20, GGML_CUDA_CE_HOST_BYTES >> 20,
-                  r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "1 or 2 MiB by size", r->lanes,
+                  r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "1 or 2 MiB by size",
                   r->worker ? "two threads" : "the calling thread (GGML_CUDA_AR_CE_WORKER=0)");
     return true;
 }
@@ -779,7 +726,6 @@ ggml_cuda_ce_router * ggml_cuda_ce_router_init(
     r->fail_alloc = ggml_cuda_ce_env_fail_alloc();
     r->chunk_bytes = ggml_cuda_ce_env_chunk_bytes();
     r->use_worker  = ggml_cuda_ce_env_use_worker();
-    r->lanes       = ggml_cuda_ce_env_lanes();
 
     const int mode = ggml_cuda_ce_env_mode();
     const char * why = nullptr;
