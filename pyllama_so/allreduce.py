@@ -40,7 +40,6 @@ PATHS: tuple[str, ...] = tuple(_llama.ALLREDUCE_PATHS)
 ENV_CE = "GGML_CUDA_AR_CE"
 ENV_CE_MIN_BYTES = "GGML_CUDA_AR_CE_MIN_BYTES"
 ENV_CE_CHUNK_BYTES = "GGML_CUDA_AR_CE_CHUNK_BYTES"
-ENV_CE_WORKER = "GGML_CUDA_AR_CE_WORKER"
 ENV_ALLREDUCE = "GGML_CUDA_ALLREDUCE"  # upstream's base path: nccl, internal, none
 CHUNK_BYTES_RANGE = (64 << 10, 4 << 20)
 
@@ -91,7 +90,7 @@ def reset_allreduce_stats() -> None:
 
 
 def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None = None,
-                        chunk_bytes: int | None = None, worker_thread: bool | None = None) -> None:
+                        chunk_bytes: int | None = None) -> None:
     """Set the copy-engine knobs for comm contexts created from now on.
 
     Must be called before creating a ``Llama`` (or anything else that builds a ``split_mode="tensor"``
@@ -104,13 +103,9 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
     chunk_bytes: bytes per copy-engine copy, a power of two from 64 KiB to 4 MiB; None = automatic
         (1 MiB below 8 MiB of BF16 payload, 2 MiB from there). Smaller chunks start the receiving
         copies sooner but each copy has a fixed cost.
-    worker_thread: None or True = a worker thread issues the second GPU's half of each copy-engine
-        reduction while the calling thread issues the first's (halves the host time per reduction);
-        False = the calling thread issues both.
     """
-    for name, value in (("copy_engines", copy_engines), ("worker_thread", worker_thread)):
-        if value is not None and not isinstance(value, bool):
-            raise TypeError(f"{name} must be bool or None, not {type(value).__name__}")
+    if copy_engines is not None and not isinstance(copy_engines, bool):
+        raise TypeError(f"copy_engines must be bool or None, not {type(copy_engines).__name__}")
     if min_bytes is not None:
         if isinstance(min_bytes, bool) or not isinstance(min_bytes, int):
             raise TypeError(f"min_bytes must be int or None, not {type(min_bytes).__name__}")
@@ -126,7 +121,6 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
         ENV_CE: None if copy_engines is None else ("1" if copy_engines else "0"),
         ENV_CE_MIN_BYTES: None if min_bytes is None else str(min_bytes),
         ENV_CE_CHUNK_BYTES: None if chunk_bytes is None else str(chunk_bytes),
-        ENV_CE_WORKER: None if worker_thread is None else ("1" if worker_thread else "0"),
     })
 
 

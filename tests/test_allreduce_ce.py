@@ -23,7 +23,7 @@ SLOT_ELEMS = 4 * 1024 * 1024 // 2  # one slot (the per-round buffer) in BF16 ele
 MIN_BYTES_DEFAULT = 512 * 1024
 
 KNOBS = ("GGML_CUDA_ALLREDUCE", "GGML_CUDA_AR_CE", "GGML_CUDA_AR_CE_MIN_BYTES", "GGML_CUDA_AR_CE_FAIL_ALLOC",
-         "GGML_CUDA_AR_CE_CHUNK_BYTES", "GGML_CUDA_AR_CE_WORKER")
+         "GGML_CUDA_AR_CE_CHUNK_BYTES")
 
 
 needs_two_gpus = pytest.mark.skipif(
@@ -125,8 +125,6 @@ def test_configure_allreduce_sets_env(knobs: pytest.MonkeyPatch) -> None:
     assert os.environ["GGML_CUDA_AR_CE"] == "0" and "GGML_CUDA_AR_CE_MIN_BYTES" not in os.environ
     allreduce.configure_allreduce(chunk_bytes=1 << 20)
     assert os.environ["GGML_CUDA_AR_CE_CHUNK_BYTES"] == str(1 << 20)
-    allreduce.configure_allreduce(worker_thread=False)
-    assert os.environ["GGML_CUDA_AR_CE_WORKER"] == "0" and "GGML_CUDA_AR_CE_CHUNK_BYTES" not in os.environ
     allreduce.configure_allreduce()
     assert not any(k in os.environ for k in KNOBS)
 
@@ -142,7 +140,6 @@ def test_configure_allreduce_sets_env(knobs: pytest.MonkeyPatch) -> None:
     ({"chunk_bytes": 32 << 10}, ValueError),
     ({"chunk_bytes": 8 << 20}, ValueError),
     ({"chunk_bytes": 1.0}, TypeError),
-    ({"worker_thread": 0}, TypeError),
 ])
 def test_configure_allreduce_validates(knobs: pytest.MonkeyPatch, kwargs: dict, exc: type) -> None:
     with pytest.raises(exc):
@@ -295,14 +292,11 @@ def test_allocation_failure_falls_back(knobs: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.gpu
 @needs_two_gpus
-@pytest.mark.parametrize("n, n_iter, worker", [(CHUNK_ELEMS + 5, 96, "1"), (SLOT_ELEMS - 3, 24, "1"),
-                                               (2 * SLOT_ELEMS + 777, 12, "1"), (4097, 256, "1"),
-                                               (2 * SLOT_ELEMS + 777, 12, "0"), (4097, 256, "0")])
-def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int, worker: str) -> None:
-    """Many reductions without host syncs; each must equal its own emulation bitwise. worker "0":
-    both GPUs' work issued from the calling thread instead of two threads."""
+@pytest.mark.parametrize("n, n_iter", [(CHUNK_ELEMS + 5, 96), (SLOT_ELEMS - 3, 24), (2 * SLOT_ELEMS + 777, 12),
+                                       (4097, 256)])
+def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int) -> None:
+    """Many reductions without host syncs; each must equal its own emulation bitwise."""
     force_ce(knobs)
-    knobs.setenv("GGML_CUDA_AR_CE_WORKER", worker)
     rng = np.random.default_rng(n ^ n_iter)
     a0 = rng.standard_normal(n * n_iter).astype(np.float32)
     a1 = rng.standard_normal(n * n_iter).astype(np.float32)
@@ -318,15 +312,12 @@ def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int, 
 
 @pytest.mark.gpu
 @needs_two_gpus
-@pytest.mark.parametrize("n, n_alt, n_iter, worker", [(3 * SLOT_ELEMS + 5, 7, 40, "1"),
-                                                      (2 * SLOT_ELEMS, SLOT_ELEMS + 1, 30, "1"),
-                                                      (SLOT_ELEMS + 9, CHUNK_ELEMS, 60, "1"),
-                                                      (3 * SLOT_ELEMS + 5, 7, 40, "0")])
-def test_race_hunt_alternating_sizes(knobs: pytest.MonkeyPatch, n: int, n_alt: int, n_iter: int, worker: str) -> None:
+@pytest.mark.parametrize("n, n_alt, n_iter", [(3 * SLOT_ELEMS + 5, 7, 40), (2 * SLOT_ELEMS, SLOT_ELEMS + 1, 30),
+                                              (SLOT_ELEMS + 9, CHUNK_ELEMS, 60)])
+def test_race_hunt_alternating_sizes(knobs: pytest.MonkeyPatch, n: int, n_alt: int, n_iter: int) -> None:
     """Back-to-back reductions of two sizes with different numbers of rounds, as a model's prompt
     and output reductions come: the slots in use shift from one reduction to the next."""
     force_ce(knobs)
-    knobs.setenv("GGML_CUDA_AR_CE_WORKER", worker)
     rng = np.random.default_rng(n_alt)
     a0 = rng.standard_normal(n * n_iter).astype(np.float32)
     a1 = rng.standard_normal(n * n_iter).astype(np.float32)
@@ -358,8 +349,7 @@ def test_greedy_tokens_equal_on_every_path(knobs: pytest.MonkeyPatch, tiny_model
     from pyllama_so import Llama
 
     runs = {}
-    ce = {"GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"}
-    for name, env in {"ce": ce, "ce_calling_thread": {**ce, "GGML_CUDA_AR_CE_WORKER": "0"},
+    for name, env in {"ce": {"GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"},
                       "nccl": {"GGML_CUDA_AR_CE": "0"}, "default": {}}.items():
         for k in KNOBS:
             knobs.delenv(k, raising=False)
@@ -369,8 +359,8 @@ def test_greedy_tokens_equal_on_every_path(knobs: pytest.MonkeyPatch, tiny_model
         with Llama(tiny_model, split_mode="tensor", n_ctx=256, flash_attn=True) as llm:
             runs[name] = list(llm.generate(llm.tokenize("abc"), max_tokens=24, temperature=0.0, stop_on_eog=False))
         st = allreduce.allreduce_stats()
-        if name.startswith("ce"):
+        if name == "ce":
             assert st.paths["ce"].calls > 0 and st.paths["nccl"].calls == 0
         elif name == "nccl":
             assert st.paths["ce"].calls == 0 and st.paths["nccl"].calls > 0
-    assert runs["ce"] == runs["ce_calling_thread"] == runs["nccl"] == runs["default"]
+    assert runs["ce"] == runs["nccl"] == runs["default"]

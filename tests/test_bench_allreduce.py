@@ -37,9 +37,6 @@ def test_sweep_paths_set_only_the_chunk_size() -> None:
     assert env["GGML_CUDA_AR_CE"] == "1" and env["GGML_CUDA_AR_CE_MIN_BYTES"] == "1"
     # the default copy-engine path leaves the chunk size automatic
     assert ar.PATHS["ce"][0]["GGML_CUDA_AR_CE_CHUNK_BYTES"] is None
-    # the one-thread variant changes only the issuing; the default path leaves the worker on
-    assert ar.PATHS["ce_1thread"][0] == {**ar.PATHS["ce"][0], "GGML_CUDA_AR_CE_WORKER": "0"}
-    assert ar.PATHS["ce"][0]["GGML_CUDA_AR_CE_WORKER"] is None
     # the NCCL and internal paths switch the copy engines off
     assert ar.PATHS["nccl"][0]["GGML_CUDA_AR_CE"] == "0" and ar.PATHS["internal"][0]["GGML_CUDA_AR_CE"] == "0"
 

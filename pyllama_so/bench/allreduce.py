@@ -8,8 +8,6 @@ algBW); the reduced F32 tensor is twice as large. For each size it times, in one
   ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size)
   ce_c<K>k      with --ce-sweep: the copy-engine path with a fixed chunk of K KiB
                 (GGML_CUDA_AR_CE_CHUNK_BYTES) instead of the automatic 1 or 2 MiB
-  ce_1thread    with --ce-sweep: the copy-engine path issued from the calling thread alone
-                (GGML_CUDA_AR_CE_WORKER=0)
   nccl          NCCL as the machine allows (NVLink/peer access where present)
   nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory (in a child process: NCCL
                 reads the variable once per process)
@@ -38,21 +36,19 @@ import pyllama_so
 from pyllama_so import _llama
 from pyllama_so import args as A
 from pyllama_so.allreduce import (ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES,
-                                  ENV_CE_WORKER, set_env)
+                                  set_env)
 
 DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 
 # path -> (environment for the comm context, the counter that must move)
-_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None,
-                                  ENV_CE_WORKER: None}
+_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None}
 _BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_CHUNK_BYTES: None}
 SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
-# --ce-sweep: the copy engines with each fixed chunk size, and issued from one thread
-SWEEP_PATHS = (*(f"ce_c{kib}k" for kib in SWEEP_CHUNKS_KIB), "ce_1thread")
+# --ce-sweep: the copy engines with each fixed chunk size
+SWEEP_PATHS = tuple(f"ce_c{kib}k" for kib in SWEEP_CHUNKS_KIB)
 PATHS: dict[str, tuple[dict[str, str | None], str]] = {
     "ce": (_CE_ENV, "ce"),
     **{f"ce_c{kib}k": ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for kib in SWEEP_CHUNKS_KIB},
-    "ce_1thread": ({**_CE_ENV, ENV_CE_WORKER: "0"}, "ce"),
     "nccl": ({**_BASE_ENV, ENV_ALLREDUCE: "nccl"}, "nccl"),
     "internal": ({**_BASE_ENV, ENV_ALLREDUCE: "internal"}, "internal"),
 }

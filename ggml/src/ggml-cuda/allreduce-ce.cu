@@ -7,13 +7,10 @@
 // small kernel on the compute stream then adds the two BF16 values in F32, always as part0 + part1,
 // so both GPUs hold bit-identical results.
 //
-// Ordering is done with events only (the host never waits for a GPU), and each GPU is ordered by
-// its own compute stream: a GPU waits for its peer only where data crosses, never for the peer's
-// whole reduction. The work is cut into rounds of at most one slot; two slots alternate, also
-// across reductions, and a slot is only rewritten after every reader of its previous round has been
-// waited for with an event. A worker thread issues GPU 1's half while the calling thread issues
-// GPU 0's; the threads meet only where one must have issued an event record before the other
-// issues the wait on it.
+// Ordering is done with events only (no host waits), and each GPU is ordered by its own compute
+// stream: a GPU waits for its peer only where data crosses, never for the peer's whole reduction.
+// The work is cut into rounds of at most one slot; two slots alternate, also across reductions, and
+// a slot is only rewritten after every reader of its previous round has been waited for with an event.
 
 #include "allreduce-ce.cuh"
 #include "pyllama-so-allreduce.h"
@@ -24,13 +21,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <thread>
-#include <utility>
 
 // ---------------------------------------------------------------------------------------------
 // Counters (all platforms)
@@ -140,13 +132,6 @@ static size_t ggml_cuda_ce_env_min_bytes() {
     return (size_t) v.value;
 }
 
-// GGML_CUDA_AR_CE_WORKER=0: issue both GPUs' work from the calling thread (default: a worker thread
-// issues GPU 1's half).
-static bool ggml_cuda_ce_env_use_worker() {
-    const char * v = getenv("GGML_CUDA_AR_CE_WORKER");
-    return v == nullptr || v[0] == '\0' || strcmp(v, "0") != 0;
-}
-
 static bool ggml_cuda_ce_env_fail_alloc() {
     const char * v = getenv("GGML_CUDA_AR_CE_FAIL_ALLOC");
     return v != nullptr && v[0] != '\0' && strcmp(v, "0") != 0;
@@ -202,11 +187,6 @@ struct ggml_cuda_ce_device {
     cudaEvent_t h2d_ev  [GGML_CUDA_CE_N_SLOTS][2] = {};                        // all but the last / all chunks received
     cudaEvent_t add_done[GGML_CUDA_CE_N_SLOTS] = {};                           // recv part no longer read
 
-    // Host side: global rounds whose send / receive half has been issued (a peer's wait on one of
-    // our events must be issued after our record of it).
-    std::atomic<int64_t> sent{0};
-    std::atomic<int64_t> received{0};
-
     uint16_t * send_part(int slot) const { return (uint16_t *) (vram + (size_t) slot * GGML_CUDA_CE_SLOT_BYTES); }
     uint16_t * recv_part(int slot) const {
         return (uint16_t *) (vram + (size_t) (GGML_CUDA_CE_N_SLOTS + slot) * GGML_CUDA_CE_SLOT_BYTES);
@@ -232,8 +212,6 @@ enum ggml_cuda_ce_state {
     GGML_CUDA_CE_STATE_FAILED,
 };
 
-struct ggml_cuda_ce_worker;
-
 struct ggml_cuda_ce_router {
     ggml_backend_t     backends[2] = {};
     int                dev_ids[2]  = {};
@@ -245,12 +223,10 @@ struct ggml_cuda_ce_router {
     bool   fail_alloc  = false;
     size_t chunk_bytes = 0;     // GGML_CUDA_AR_CE_CHUNK_BYTES; 0: automatic
 
-    ggml_cuda_ce_state    state = GGML_CUDA_CE_STATE_UNALLOCATED;
-    ggml_cuda_ce_device   dev[2];
-    int64_t               rounds         = 0;       // rounds issued so far; slots alternate across reductions too
-    bool                  use_worker     = true;    // GGML_CUDA_AR_CE_WORKER
-    ggml_cuda_ce_worker * worker         = nullptr; // issues GPU 1's half (when use_worker)
-    bool                  capture_logged = false;
+    ggml_cuda_ce_state  state = GGML_CUDA_CE_STATE_UNALLOCATED;
+    ggml_cuda_ce_device dev[2];
+    int  next_slot      = 0; // slots alternate across reductions too
+    bool capture_logged = false;
 };
 
 #if !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA)
@@ -302,263 +278,7 @@ static dim3 ggml_cuda_ce_grid(const int n) {
     return dim3((unsigned) std::max(1, std::min((n + block - 1) / block, 1024)));
 }
 
-
-// One reduction as both GPUs see it. Rounds are numbered globally (round0 is the first one of this
-// reduction): slots alternate by that number, also across reductions, and the host-side progress
-// counters of the devices count in it.
-struct ggml_cuda_ce_job {
-    cudaStream_t  compute[2];
-    const float * src[2]; // nullptr: that GPU's shard is inactive (zeros)
-    float *       dst[2];
-    int64_t       ne;
-    int64_t       n_rounds;
-    int64_t       round0;
-    int64_t       chunk_elems;
-};
-
-struct ggml_cuda_ce_round {
-    int     s;   // slot
-    int64_t off; // first element
-    int64_t m;   // elements
-    int     n;   // chunks
-};
-
-static ggml_cuda_ce_round ggml_cuda_ce_round_of(const ggml_cuda_ce_job & job, const int64_t k) {
-    ggml_cuda_ce_round rd;
-    rd.s   = (int) ((job.round0 + k) % GGML_CUDA_CE_N_SLOTS);
-    rd.off = k * GGML_CUDA_CE_SLOT_ELEMS;
-    rd.m   = std::min(GGML_CUDA_CE_SLOT_ELEMS, job.ne - rd.off);
-    rd.n   = (int) ((rd.m + job.chunk_elems - 1) / job.chunk_elems);
-    return rd;
-}
-
-// Chunks [c0, c1) of a round: first element within the round and element count (<= 0: none).
-static std::pair<int64_t, int> ggml_cuda_ce_span(const ggml_cuda_ce_job & job, const ggml_cuda_ce_round & rd, const int c0, const int c1) {
-    const int64_t e0 = c0 * job.chunk_elems;
-    return { e0, (int) (std::min(c1 * job.chunk_elems, rd.m) - e0) };
-}
-
-// A GPU's wait on an event of its peer must be issued after the peer issued the record it means.
-static void ggml_cuda_ce_await(const std::atomic<int64_t> & issued, const int64_t rounds) {
-    while (issued.load(std::memory_order_acquire) < rounds) {
-        std::this_thread::yield();
-    }
-}
-
-// The sum of round k on GPU i: wait h2d[0], chunks 0..n-2; wait h2d[1], the last chunk -> add_done.
-static void ggml_cuda_ce_issue_sum(ggml_cuda_ce_router * r, const ggml_cuda_ce_job & job, const int i, const int64_t k) {
-    const ggml_cuda_ce_round rd = ggml_cuda_ce_round_of(job, k);
-    ggml_cuda_ce_device & d = r->dev[i];
-    for (int piece = 0; piece < 2; ++piece) {
-        const auto [e0, n] = piece == 0 ? ggml_cuda_ce_span(job, rd, 0, rd.n - 1) : ggml_cuda_ce_span(job, rd, rd.n - 1, rd.n);
-        if (n <= 0) {
-            continue;
-        }
-        const int64_t at = rd.off + e0;
-        CUDA_CHECK(cudaStreamWaitEvent(job.compute[i], d.h2d_ev[rd.s][piece], 0));
-        ggml_cuda_ce_add_kernel<<<ggml_cuda_ce_grid(n), 256, 0, job.compute[i]>>>(
-            job.src[i] != nullptr ? job.src[i] + at : nullptr, d.recv_part(rd.s) + e0, job.dst[i] + at, i == 0, n);
-        CUDA_CHECK(cudaGetLastError());
-    }
-    CUDA_CHECK(cudaEventRecord(d.add_done[rd.s], job.compute[i]));
-}
-
-// Round k on GPU i (p = peer, s = slot, g = global round), first half:
-//   compute[i]: wait own d2h_done(s) (the send part was copied out); convert chunk 0 -> conv[0],
-//               the rest -> conv[1]; then the sum of round k - 2
-//   send[i]:    wait peer h2d[1](s) (the peer finished reading our host slot); per chunk: wait
-//               conv[0] (chunk 0) or conv[1] (chunk 1), D2H -> d2h(c); then d2h_done
-// The kernels run in two pieces so that the first copy waits for one chunk's conversion and the
-// last sum covers one chunk. The sum of round k is put on the compute stream after the conversion
-// of round k + 2, so that conversions never queue behind copies.
-static void ggml_cuda_ce_issue_send(ggml_cuda_ce_router * r, const ggml_cuda_ce_job & job, const int i, const int64_t k) {
-    const ggml_cuda_ce_round rd = ggml_cuda_ce_round_of(job, k);
-    const int64_t g = job.round0 + k;
-    const int     s = rd.s;
-    ggml_cuda_ce_device & d  = r->dev[i];
-    ggml_cuda_ce_device & dp = r->dev[1 - i];
-
-    CUDA_CHECK(cudaStreamWaitEvent(job.compute[i], d.d2h_done[s], 0));
-    for (int piece = 0; piece < 2; ++piece) {
-        const auto [e0, n] = piece == 0 ? ggml_cuda_ce_span(job, rd, 0, 1) : ggml_cuda_ce_span(job, rd, 1, rd.n);
-        if (n > 0) {
-            ggml_cuda_ce_to_bf16_kernel<<<ggml_cuda_ce_grid(n), 256, 0, job.compute[i]>>>(
-                job.src[i] != nullptr ? job.src[i] + rd.off + e0 : nullptr, d.send_part(s) + e0, n);
-            CUDA_CHECK(cudaGetLastError());
-        }
-        CUDA_CHECK(cudaEventRecord(d.conv_ev[s][piece], job.compute[i]));
-    }
-    if (k >= GGML_CUDA_CE_N_SLOTS) {
-        ggml_cuda_ce_issue_sum(r, job, i, k - GGML_CUDA_CE_N_SLOTS);
-    }
-
-    cudaStream_t st = d.streams[GGML_CUDA_CE_SEND];
-    ggml_cuda_ce_await(dp.received, g - GGML_CUDA_CE_N_SLOTS + 1);
-    CUDA_CHECK(cudaStreamWaitEvent(st, dp.h2d_ev[s][1], 0));
-    for (int c = 0; c < rd.n; ++c) {
-        if (c <= 1) {
-            CUDA_CHECK(cudaStreamWaitEvent(st, d.conv_ev[s][c], 0));
-        }
-        const auto [e0, n] = ggml_cuda_ce_span(job, rd, c, c + 1);
-        CUDA_CHECK(cudaMemcpyAsync(d.host_part(s) + e0 * sizeof(uint16_t), d.send_part(s) + e0,
-                                   (size_t) n * sizeof(uint16_t), cudaMemcpyDeviceToHost, st));
-        CUDA_CHECK(cudaEventRecord(d.d2h_ev[s][c], st));
-    }
-    CUDA_CHECK(cudaEventRecord(d.d2h_done[s], st));
-    d.sent.store(g + 1, std::memory_order_release);
-}
-
-// Round k on GPU i, second half:
-//   recv[i]: wait own add_done(s) (the sum read the receive part); per chunk: wait peer d2h(c),
-//            H2D; h2d[0] before the last chunk, h2d[1] after it
-static void ggml_cuda_ce_issue_recv(ggml_cuda_ce_router * r, const ggml_cuda_ce_job & job, const int i, const int64_t k) {
-    const ggml_cuda_ce_round rd = ggml_cuda_ce_round_of(job, k);
-    const int64_t g = job.round0 + k;
-    const int     s = rd.s;
-    ggml_cuda_ce_device & d  = r->dev[i];
-    ggml_cuda_ce_device & dp = r->dev[1 - i];
-
-    cudaStream_t st = d.streams[GGML_CUDA_CE_RECV];
-    ggml_cuda_ce_await(dp.sent, g + 1);
-    CUDA_CHECK(cudaStreamWaitEvent(st, d.add_done[s], 0));
-    for (int c = 0; c < rd.n; ++c) {
-        if (c == rd.n - 1) {
-            CUDA_CHECK(cudaEventRecord(d.h2d_ev[s][0], st)); // chunks 0..n-2 are in
-        }
-        const auto [e0, n] = ggml_cuda_ce_span(job, rd, c, c + 1);
-        CUDA_CHECK(cudaStreamWaitEvent(st, dp.d2h_ev[s][c], 0));
-        CUDA_CHECK(cudaMemcpyAsync(d.recv_part(s) + e0, dp.host_part(s) + e0 * sizeof(uint16_t),
-                                   (size_t) n * sizeof(uint16_t), cudaMemcpyHostToDevice, st));
-    }
-    CUDA_CHECK(cudaEventRecord(d.h2d_ev[s][1], st));
-    d.received.store(g + 1, std::memory_order_release);
-}
-
-// Everything GPU i does for one reduction, issued from one thread. Each GPU continues as soon as
-// its own sum is done and waits for its peer only where data crosses, so consecutive reductions
-// need no join.
-static void ggml_cuda_ce_issue_gpu(ggml_cuda_ce_router * r, const ggml_cuda_ce_job & job, const int i) {
-    ggml_cuda_set_device(r->dev[i].device);
-    for (int64_t k = 0; k < job.n_rounds; ++k) {
-        ggml_cuda_ce_issue_send(r, job, i, k);
-        ggml_cuda_ce_issue_recv(r, job, i, k);
-    }
-    for (int64_t k = std::max<int64_t>(0, job.n_rounds - GGML_CUDA_CE_N_SLOTS); k < job.n_rounds; ++k) {
-        ggml_cuda_ce_issue_sum(r, job, i, k);
-    }
-}
-
-// Both GPUs from the calling thread, interleaved so that every peer wait follows its record.
-static void ggml_cuda_ce_issue_both(ggml_cuda_ce_router * r, const ggml_cuda_ce_job & job) {
-    for (int64_t k = 0; k < job.n_rounds; ++k) {
-        for (int i = 0; i < 2; ++i) {
-            ggml_cuda_set_device(r->dev[i].device);
-            ggml_cuda_ce_issue_send(r, job, i, k);
-        }
-        for (int i = 0; i < 2; ++i) {
-            ggml_cuda_set_device(r->dev[i].device);
-            ggml_cuda_ce_issue_recv(r, job, i, k);
-        }
-    }
-    for (int i = 0; i < 2; ++i) {
-        ggml_cuda_set_device(r->dev[i].device);
-        for (int64_t k = std::max<int64_t>(0, job.n_rounds - GGML_CUDA_CE_N_SLOTS); k < job.n_rounds; ++k) {
-            ggml_cuda_ce_issue_sum(r, job, i, k);
-        }
-    }
-}
-
-// Issues GPU 1's half of every reduction while the calling thread issues GPU 0's. Issuing a
-// reduction costs about as much host time as the GPUs take for it below a few MiB
-// (docs/benchmarks.md), and the two halves only meet where one GPU waits on the other's events.
-// Between reductions it spins for a while (a prompt's reductions come every few hundred µs), then sleeps.
-struct ggml_cuda_ce_worker {
-    std::thread             thread;
-    std::mutex              mutex;
-    std::condition_variable cv;
-    std::atomic<uint64_t>   posted{0};
-    std::atomic<uint64_t>   finished{0};
-    bool                    stop = false; // under mutex
-    ggml_cuda_ce_job        job  = {};    // written before posted, read after it
-
-    static constexpr auto spin_for = std::chrono::milliseconds(2);
-
-    void run(ggml_cuda_ce_router * r) {
-        uint64_t seen = 0;
-        for (;;) {
-            const auto t0 = std::chrono::steady_clock::now();
-            while (posted.load(std::memory_order_acquire) == seen) {
-                if (std::chrono::steady_clock::now() - t0 < spin_for) {
-                    std::this_thread::yield();
-                    continue;
-                }
-                std::unique_lock<std::mutex> lock(mutex);
-                cv.wait(lock, [&] { return stop || posted.load(std::memory_order_acquire) != seen; });
-                if (stop) {
-                    return;
-                }
-            }
-            seen = posted.load(std::memory_order_acquire);
-            ggml_cuda_ce_issue_gpu(r, job, 1);
-            finished.store(seen, std::memory_order_release);
-        }
-    }
-
-    void post(const ggml_cuda_ce_job & j) {
-        job = j;
-        {
-            std::lock_guard<std::mutex> lock(mutex);
-            posted.fetch_add(1, std::memory_order_release);
-        }
-        cv.notify_one();
-    }
-
-    void await_finished() const {
-        const uint64_t want = posted.load(std::memory_order_relaxed);
-        while (finished.load(std::memory_order_acquire) != want) {
-            std::this_thread::yield();
-        }
-    }
-
-    void shut_down() {
-        {
-            std::lock_guard<std::mutex> lock(mutex);
-            stop = true;
-        }
-        cv.notify_one();
-        thread.join();
-    }
-};
-
-static void ggml_cuda_ce_issue(ggml_cuda_ce_router * r, cudaStream_t compute[2], const float * src[2],
-                               float * dst[2], const int64_t ne) {
-    ggml_cuda_ce_job job;
-    for (int i = 0; i < 2; ++i) {
-        job.compute[i] = compute[i];
-        job.src[i]     = src[i];
-        job.dst[i]     = dst[i];
-    }
-    job.ne          = ne;
-    job.n_rounds    = ggml_cuda_ce_n_rounds(ne);
-    job.round0      = r->rounds;
-    job.chunk_elems = (int64_t) (ggml_cuda_ce_chunk_bytes(r->chunk_bytes, (size_t) ne * sizeof(uint16_t)) / sizeof(uint16_t));
-    r->rounds += job.n_rounds;
-
-    if (r->worker != nullptr) {
-        r->worker->post(job);
-        ggml_cuda_ce_issue_gpu(r, job, 0);
-        r->worker->await_finished();
-    } else {
-        ggml_cuda_ce_issue_both(r, job);
-    }
-}
-
 static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router * r) {
-    if (r->worker != nullptr) {
-        r->worker->shut_down();
-        delete r->worker;
-        r->worker = nullptr;
-    }
     // Teardown only: drain whatever still reads or writes our buffers on either device.
     for (int i = 0; i < 2; ++i) {
         ggml_cuda_ce_device & d = r->dev[i];
@@ -621,20 +341,131 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
         return false;
     }
     r->state = GGML_CUDA_CE_STATE_READY;
-    if (r->use_worker) {
-        r->worker = new ggml_cuda_ce_worker;
-        r->worker->thread = std::thread(&ggml_cuda_ce_worker::run, r->worker, r);
-    }
     g_ce_buffer_allocs.fetch_add(1, std::memory_order_relaxed);
     GGML_LOG_INFO("%s: copy-engine AllReduce on devices %d,%d: %zu MiB VRAM + %zu MiB pinned host memory per GPU, "
-                  "reductions from %zu bytes, chunks of %s, issued from %s\n", __func__,
+                  "reductions from %zu bytes, chunks of %s\n", __func__,
                   r->dev_ids[0], r->dev_ids[1], GGML_CUDA_CE_VRAM_BYTES >> 20, GGML_CUDA_CE_HOST_BYTES >> 20,
-                  r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "1 or 2 MiB by size",
-                  r->worker ? "two threads" : "the calling thread (GGML_CUDA_AR_CE_WORKER=0)");
+                  r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "1 or 2 MiB by size");
     return true;
 }
 
 #undef GGML_CUDA_CE_TRY
+
+// One reduction of ne elements; src[i] == nullptr: GPU i's shard is inactive. Per GPU i (p = peer),
+// round k in slot s:
+//   compute[i]: wait own d2h_done(s) (the send part was copied out); convert chunk 0 -> conv[0],
+//               the rest -> conv[1]; then the sum of round k-2 (see below)
+//   send[i]:    wait peer h2d[1](s) (the peer finished reading our host slot); per chunk: wait
+//               conv[0] (chunk 0) or conv[1] (chunk 1), D2H -> d2h(c); then d2h_done
+//   recv[i]:    wait own add_done(s) (the sum read the receive part); per chunk: wait peer d2h(c),
+//               H2D; h2d[0] before the last chunk, h2d[1] after it
+//   sum, on compute[i]: wait h2d[0], chunks 0..n-2; wait h2d[1], the last chunk -> add_done(s)
+// The kernels run in two pieces so that the first copy waits for one chunk's conversion and the
+// last sum covers one chunk; copies are per chunk so that receiving starts one chunk after sending.
+// The sum of round k is put on the compute stream after the conversion of round k+2, so that the
+// conversions do not queue behind the copies. Each wait is issued after the record it means, for
+// both GPUs, and slots alternate across reductions, so consecutive reductions need no join: each GPU
+// continues as soon as its own sum is done, and waits for the peer only where data crosses.
+static void ggml_cuda_ce_issue(ggml_cuda_ce_router * r, cudaStream_t compute[2], const float * src[2],
+                               float * dst[2], const int64_t ne) {
+    const int64_t n_rounds    = ggml_cuda_ce_n_rounds(ne);
+    const int64_t chunk_elems = (int64_t) (ggml_cuda_ce_chunk_bytes(r->chunk_bytes, (size_t) ne * sizeof(uint16_t)) / sizeof(uint16_t));
+    const int     slot0       = r->next_slot;
+    r->next_slot = (int) ((slot0 + n_rounds) % GGML_CUDA_CE_N_SLOTS);
+
+    struct round_t { int s; int64_t off; int64_t m; int n; };
+    auto round_of = [&](const int64_t k) {
+        round_t rd;
+        rd.s   = (int) ((slot0 + k) % GGML_CUDA_CE_N_SLOTS);
+        rd.off = k * GGML_CUDA_CE_SLOT_ELEMS;
+        rd.m   = std::min(GGML_CUDA_CE_SLOT_ELEMS, ne - rd.off);
+        rd.n   = (int) ((rd.m + chunk_elems - 1) / chunk_elems);
+        return rd;
+    };
+    // chunks [c0, c1) of a round: first element within the round, element count (<= 0: none)
+    auto span = [&](const round_t & rd, const int c0, const int c1) {
+        const int64_t e0 = c0 * chunk_elems;
+        return std::make_pair(e0, (int) (std::min(c1 * chunk_elems, rd.m) - e0));
+    };
+    auto sum = [&](const int64_t k) {
+        const round_t rd = round_of(k);
+        for (int i = 0; i < 2; ++i) {
+            ggml_cuda_ce_device & d = r->dev[i];
+            ggml_cuda_set_device(d.device);
+            for (int piece = 0; piece < 2; ++piece) {
+                const auto [e0, n] = piece == 0 ? span(rd, 0, rd.n - 1) : span(rd, rd.n - 1, rd.n);
+                if (n <= 0) {
+                    continue;
+                }
+                const int64_t at = rd.off + e0;
+                CUDA_CHECK(cudaStreamWaitEvent(compute[i], d.h2d_ev[rd.s][piece], 0));
+                ggml_cuda_ce_add_kernel<<<ggml_cuda_ce_grid(n), 256, 0, compute[i]>>>(
+                    src[i] != nullptr ? src[i] + at : nullptr, d.recv_part(rd.s) + e0, dst[i] + at, i == 0, n);
+                CUDA_CHECK(cudaGetLastError());
+            }
+            CUDA_CHECK(cudaEventRecord(d.add_done[rd.s], compute[i]));
+        }
+    };
+
+    for (int64_t k = 0; k < n_rounds; ++k) {
+        const round_t rd = round_of(k);
+        const int s = rd.s;
+        for (int i = 0; i < 2; ++i) {
+            ggml_cuda_ce_device & d = r->dev[i];
+            ggml_cuda_set_device(d.device);
+            CUDA_CHECK(cudaStreamWaitEvent(compute[i], d.d2h_done[s], 0));
+            for (int piece = 0; piece < 2; ++piece) {
+                const auto [e0, n] = piece == 0 ? span(rd, 0, 1) : span(rd, 1, rd.n);
+                if (n > 0) {
+                    ggml_cuda_ce_to_bf16_kernel<<<ggml_cuda_ce_grid(n), 256, 0, compute[i]>>>(
+                        src[i] != nullptr ? src[i] + rd.off + e0 : nullptr, d.send_part(s) + e0, n);
+                    CUDA_CHECK(cudaGetLastError());
+                }
+                CUDA_CHECK(cudaEventRecord(d.conv_ev[s][piece], compute[i]));
+            }
+        }
+        if (k >= GGML_CUDA_CE_N_SLOTS) {
+            sum(k - GGML_CUDA_CE_N_SLOTS);
+        }
+        for (int i = 0; i < 2; ++i) {
+            ggml_cuda_ce_device & d  = r->dev[i];
+            ggml_cuda_ce_device & dp = r->dev[1 - i];
+            cudaStream_t st = d.streams[GGML_CUDA_CE_SEND];
+            ggml_cuda_set_device(d.device);
+            CUDA_CHECK(cudaStreamWaitEvent(st, dp.h2d_ev[s][1], 0));
+            for (int c = 0; c < rd.n; ++c) {
+                if (c <= 1) {
+                    CUDA_CHECK(cudaStreamWaitEvent(st, d.conv_ev[s][c], 0));
+                }
+                const auto [e0, n] = span(rd, c, c + 1);
+                CUDA_CHECK(cudaMemcpyAsync(d.host_part(s) + e0 * sizeof(uint16_t), d.send_part(s) + e0,
+                                           (size_t) n * sizeof(uint16_t), cudaMemcpyDeviceToHost, st));
+                CUDA_CHECK(cudaEventRecord(d.d2h_ev[s][c], st));
+            }
+            CUDA_CHECK(cudaEventRecord(d.d2h_done[s], st));
+        }
+        for (int i = 0; i < 2; ++i) {
+            ggml_cuda_ce_device & d  = r->dev[i];
+            ggml_cuda_ce_device & dp = r->dev[1 - i];
+            cudaStream_t st = d.streams[GGML_CUDA_CE_RECV];
+            ggml_cuda_set_device(d.device);
+            CUDA_CHECK(cudaStreamWaitEvent(st, d.add_done[s], 0));
+            for (int c = 0; c < rd.n; ++c) {
+                if (c == rd.n - 1) {
+                    CUDA_CHECK(cudaEventRecord(d.h2d_ev[s][0], st)); // chunks 0..n-2 are in
+                }
+                const auto [e0, n] = span(rd, c, c + 1);
+                CUDA_CHECK(cudaStreamWaitEvent(st, dp.d2h_ev[s][c], 0));
+                CUDA_CHECK(cudaMemcpyAsync(d.recv_part(s) + e0, dp.host_part(s) + e0 * sizeof(uint16_t),
+                                           (size_t) n * sizeof(uint16_t), cudaMemcpyHostToDevice, st));
+            }
+            CUDA_CHECK(cudaEventRecord(d.h2d_ev[s][1], st));
+        }
+    }
+    for (int64_t k = std::max<int64_t>(0, n_rounds - GGML_CUDA_CE_N_SLOTS); k < n_rounds; ++k) {
+        sum(k);
+    }
+}
 
 static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tensors) {
     cudaStream_t compute[2];
@@ -725,7 +556,6 @@ ggml_cuda_ce_router * ggml_cuda_ce_router_init(
     r->min_bytes  = ggml_cuda_ce_env_min_bytes();
     r->fail_alloc = ggml_cuda_ce_env_fail_alloc();
     r->chunk_bytes = ggml_cuda_ce_env_chunk_bytes();
-    r->use_worker  = ggml_cuda_ce_env_use_worker();
 
     const int mode = ggml_cuda_ce_env_mode();
     const char * why = nullptr;
