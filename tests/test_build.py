@@ -109,4 +109,8 @@ def test_patch_applier_is_idempotent_and_loud(tmp_path: Path) -> None:
 
 
 def test_version_attribute() -> None:
-    assert isinstance(pyllama_so.__version__, str) and pyllama_so.__version__
+    """The version is pyproject's, or the marker of a source tree that was never installed."""
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert pyllama_so.__version__ in (declared, "0+unknown")
