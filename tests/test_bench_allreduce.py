@@ -64,3 +64,25 @@ def test_without_two_gpus_says_skipped(tmp_path: Path, capsys: pytest.CaptureFix
     assert ar.main(["--ce-sweep", "--json", str(out)]) == 0
     assert "skipped" in capsys.readouterr().out
     assert json.loads(out.read_text())["skipped"].startswith("skipped: needs a CUDA build")
+
+
+def test_report_ratios_and_table_with_missing_queued_times(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Ratios are ceiling time / time; a queued time the host could not measure (None) stays blank."""
+    sizes = [1 << 20, 8 << 20]
+    monkeypatch.setattr(ar, "cuda_devices", lambda: [{"name": "CUDA0"}, {"name": "CUDA1"}])
+    monkeypatch.setattr(ar, "time_ceiling", lambda *a: {"us": [20.0, 160.0]})
+    monkeypatch.setattr(ar, "time_path", lambda path, *a: {"us": [40.0, 200.0], "host_us": [30.0, 90.0],
+                                                          "queued_us": [50.0, None], "paths_counted": {}})
+    monkeypatch.setattr(ar, "time_in_child", lambda *a: {"error": "no child here"})
+    args = argparse.Namespace(sizes=sizes, warmup=0, iters=1, devices=[0, 1], ce_sweep=False)
+    report = ar.run(args)
+    ce = report["results"]["ce"]
+    assert ce["ratio_to_ceiling"] == [0.5, 0.8]
+    assert ce["queued_ratio_to_ceiling"] == [0.4, None]
+    assert ce["algbw_gbs"][1] == pytest.approx((8 << 20) / 200e-6 / 1e9)
+    ar.print_table(report)
+    out = capsys.readouterr().out
+    assert "| 8 MiB | ce | 200.0 | 41.9 | 0.80 | 90.0 |  |  |" in out
+    assert "| 1 MiB | ce | 40.0 | 26.2 | 0.50 | 30.0 | 50.0 | 0.40 |" in out
+    assert "nccl_nop2p: error: no child here" in out
