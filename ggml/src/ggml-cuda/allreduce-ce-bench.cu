@@ -61,6 +61,14 @@ struct ggml_cuda_ce_rig {
         return static_cast<ggml_backend_cuda_context *>(backends[i]->context)->stream();
     }
 
+    // ev[i] on device i's backend stream.
+    void record(const int32_t * devices, cudaEvent_t ev[2]) const {
+        for (int i = 0; i < 2; ++i) {
+            ggml_cuda_set_device(devices[i]);
+            CUDA_CHECK(cudaEventRecord(ev[i], stream(i)));
+        }
+    }
+
     // One F32 buffer per device, holding `n_max` elements, for the work tensors.
     bool alloc_work(int64_t n_max) {
         for (int i = 0; i < 2; ++i) {
@@ -193,6 +201,19 @@ int ggml_cuda_ce_run(const pyllama_so_allreduce_run_params * p) {
     return rc;
 }
 
+// Milliseconds from start[i] to end[i] on the slower of the two devices, once both have ended.
+static double ggml_cuda_ce_worst_ms(const int32_t * devices, cudaEvent_t const start[2], cudaEvent_t const end[2]) {
+    double worst = 0.0;
+    for (int i = 0; i < 2; ++i) {
+        ggml_cuda_set_device(devices[i]);
+        CUDA_CHECK(cudaEventSynchronize(end[i]));
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], end[i]));
+        worst = std::max(worst, (double) ms);
+    }
+    return worst;
+}
+
 // Both GPUs copy `bytes` device->pinned host and pinned host->device at once, n times: the
 // traffic of a copy-engine AllReduce of that wire size, without any synchronization between GPUs.
 static int ggml_cuda_ce_bench_ceiling(ggml_cuda_ce_rig & rig, const int32_t * devices, size_t bytes,
@@ -244,14 +265,9 @@ static int ggml_cuda_ce_bench_ceiling(ggml_cuda_ce_rig & rig, const int32_t * de
                 CUDA_CHECK(cudaStreamWaitEvent(s[i].d2h, s[i].h2d_end, 0));
                 CUDA_CHECK(cudaEventRecord(s[i].end, s[i].d2h));
             }
-            double worst = 0.0;
-            for (int i = 0; i < 2; ++i) {
-                ggml_cuda_set_device(devices[i]);
-                CUDA_CHECK(cudaEventSynchronize(s[i].end));
-                float ms = 0.0f;
-                CUDA_CHECK(cudaEventElapsedTime(&ms, s[i].start, s[i].end));
-                worst = std::max(worst, (double) ms);
-            }
+            const cudaEvent_t start[2] = { s[0].start, s[1].start };
+            const cudaEvent_t end[2]   = { s[0].end,   s[1].end };
+            const double worst = ggml_cuda_ce_worst_ms(devices, start, end);
             if (pass == 1) {
                 *us = worst * 1000.0 / std::max(1, n_iter);
             }
@@ -295,27 +311,14 @@ static double ggml_cuda_ce_bench_queued(ggml_cuda_ce_rig & rig, const int32_t * 
     CUDA_CHECK(cudaEventRecord(go, rig.stream(0)));
     ggml_cuda_set_device(devices[1]);
     CUDA_CHECK(cudaStreamWaitEvent(rig.stream(1), go, 0));
-    for (int i = 0; i < 2; ++i) {
-        ggml_cuda_set_device(devices[i]);
-        CUDA_CHECK(cudaEventRecord(start[i], rig.stream(i)));
-    }
+    rig.record(devices, start);
     const auto host_t0 = std::chrono::steady_clock::now();
     for (int it = 0; it < n && !*declined; ++it) {
         *declined = !rig.allreduce(rig.comm, t);
     }
     const double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_t0).count();
-    double worst = 0.0;
-    for (int i = 0; i < 2; ++i) {
-        ggml_cuda_set_device(devices[i]);
-        CUDA_CHECK(cudaEventRecord(end[i], rig.stream(i)));
-    }
-    for (int i = 0; i < 2; ++i) {
-        ggml_cuda_set_device(devices[i]);
-        CUDA_CHECK(cudaEventSynchronize(end[i]));
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], end[i]));
-        worst = std::max(worst, (double) ms);
-    }
+    rig.record(devices, end);
+    const double worst = ggml_cuda_ce_worst_ms(devices, start, end);
     ggml_cuda_set_device(devices[0]);
     CUDA_CHECK(cudaEventDestroy(go));
     return host_us < delay_us ? worst * 1000.0 / n : std::nan("");
@@ -372,9 +375,8 @@ int ggml_cuda_ce_bench(const pyllama_so_allreduce_bench_params * p) {
                 rc = PYLLAMA_SO_AR_EDECLINED;
             }
         }
-        for (int i = 0; i < 2 && rc == PYLLAMA_SO_AR_OK; ++i) {
-            ggml_cuda_set_device(p->devices[i]);
-            CUDA_CHECK(cudaEventRecord(start[i], rig.stream(i)));
+        if (rc == PYLLAMA_SO_AR_OK) {
+            rig.record(p->devices, start);
         }
         const auto host_t0 = std::chrono::steady_clock::now();
         for (int it = 0; it < p->n_iter && rc == PYLLAMA_SO_AR_OK; ++it) {
@@ -390,19 +392,8 @@ int ggml_cuda_ce_bench(const pyllama_so_allreduce_bench_params * p) {
         if (rc != PYLLAMA_SO_AR_OK) {
             break;
         }
-        double worst = 0.0;
-        for (int i = 0; i < 2; ++i) {
-            ggml_cuda_set_device(p->devices[i]);
-            CUDA_CHECK(cudaEventRecord(end[i], rig.stream(i)));
-        }
-        for (int i = 0; i < 2; ++i) {
-            ggml_cuda_set_device(p->devices[i]);
-            CUDA_CHECK(cudaEventSynchronize(end[i]));
-            float ms = 0.0f;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], end[i]));
-            worst = std::max(worst, (double) ms);
-        }
-        p->us_per_iter[k] = worst * 1000.0 / p->n_iter;
+        rig.record(p->devices, end);
+        p->us_per_iter[k] = ggml_cuda_ce_worst_ms(p->devices, start, end) * 1000.0 / p->n_iter;
         if (p->queued_us_per_iter != nullptr) {
             bool declined = false;
             p->queued_us_per_iter[k] = ggml_cuda_ce_bench_queued(rig, p->devices, t, std::min(p->n_iter, 8),
