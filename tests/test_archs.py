@@ -1,6 +1,6 @@
 """test-llama-archs in pytest: every architecture x every device configuration (pyllama_so.archs).
 
-The default run covers pyllama_so.archs.DEFAULT_ARCHS; `-m slow` runs every architecture. Rows that
+The default run covers pyllama_so.archs.DEFAULT_ARCHS; `-m slow` runs the others, `-m ''` all of them. Rows that
 upstream skips are skipped with its reason; a summary table like upstream's is printed at the end.
 """
 
