@@ -212,7 +212,7 @@ def allreduce_bench(sizes, str mode="comm", int n_warmup=5, int n_iter=50, devic
     p.n_warmup = n_warmup
     p.n_iter = n_iter
     p.us_per_iter = &vus[0]
-    p.host_us_per_iter = &vhost[0]
+    p.host_us_per_iter = &vhost[0] if host_time else NULL
     p.queued_us_per_iter = &vqueued[0] if host_time and mode == "comm" else NULL
     cdef int rc
     with nogil:

@@ -12,6 +12,7 @@ from libc.math cimport sqrt, log, cos, fabs
 from libc.stdio cimport fputs, fflush, stderr
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
+import math
 import os
 
 import numpy as np
@@ -177,7 +178,7 @@ def _check_tensor_split(tensor_split):
     values = [float(v) for v in tensor_split]
     if len(values) > llama_max_devices():
         raise ValueError(f"tensor_split has {len(values)} entries; llama.cpp takes at most {llama_max_devices()}")
-    if any(not (0 <= v < float("inf")) for v in values):
+    if not all(math.isfinite(v) and v >= 0 for v in values):
         raise ValueError(f"tensor_split entries must be finite and >= 0: {values}")
     return values
 

@@ -106,14 +106,12 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
     """
     if copy_engines is not None and not isinstance(copy_engines, bool):
         raise TypeError(f"copy_engines must be bool or None, not {type(copy_engines).__name__}")
+    _check_int("min_bytes", min_bytes)
+    _check_int("chunk_bytes", chunk_bytes)
     if min_bytes is not None:
-        if isinstance(min_bytes, bool) or not isinstance(min_bytes, int):
-            raise TypeError(f"min_bytes must be int or None, not {type(min_bytes).__name__}")
         if min_bytes < 1:
             raise ValueError(f"min_bytes must be >= 1, got {min_bytes}")
     if chunk_bytes is not None:
-        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int):
-            raise TypeError(f"chunk_bytes must be int or None, not {type(chunk_bytes).__name__}")
         lo, hi = CHUNK_BYTES_RANGE
         if not lo <= chunk_bytes <= hi or chunk_bytes & (chunk_bytes - 1):
             raise ValueError(f"chunk_bytes must be a power of two from {lo} to {hi}, got {chunk_bytes}")
@@ -122,6 +120,11 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
         ENV_CE_MIN_BYTES: None if min_bytes is None else str(min_bytes),
         ENV_CE_CHUNK_BYTES: None if chunk_bytes is None else str(chunk_bytes),
     })
+
+
+def _check_int(name: str, value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"{name} must be int or None, not {type(value).__name__}")
 
 
 def set_env(values: dict[str, str | None]) -> None:

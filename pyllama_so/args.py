@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 from typing import TypeVar
@@ -81,7 +82,7 @@ def tensor_split(text: str) -> tuple[float, ...]:
         values = tuple(float(v) for v in text.split("/"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad tensor split {text!r}; expected e.g. 1/1") from None
-    if any(not 0 <= v < float("inf") for v in values):  # also refuses nan
+    if not all(math.isfinite(v) and v >= 0 for v in values):
         raise argparse.ArgumentTypeError(f"tensor split proportions must be finite and >= 0: {text!r}")
     return values
 

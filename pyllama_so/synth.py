@@ -156,7 +156,7 @@ class _RandomPool:
             elif ggml_type == "f16":
                 data = (self.unit * stdev).astype("<f2").tobytes()
             elif ggml_type == "bf16":
-                data = ((self.unit * stdev).astype(np.float32).view("<u4") >> 16).astype("<u2").tobytes()
+                data = ((self.unit * np.float32(stdev)).view("<u4") >> 16).astype("<u2").tobytes()
             else:  # q8_0: blocks of an f16 scale and 32 int8 quants
                 blocks = np.empty(self.POOL_ELEMENTS // 32, dtype=[("d", "<f2"), ("qs", "i1", 32)])
                 blocks["d"] = stdev * 3.0 / 127.0

@@ -16,14 +16,14 @@ import pytest
 from cuda_devices import cuda_device_count
 
 import pyllama_so
-from pyllama_so import _llama, allreduce
+from pyllama_so import Llama, _llama, allreduce
 
 CHUNK_ELEMS = 1024 * 1024 // 2  # the smallest automatic chunk (1 MiB of BF16)
 SLOT_ELEMS = 4 * 1024 * 1024 // 2  # one slot (the per-round buffer) in BF16 elements
 MIN_BYTES_DEFAULT = 512 * 1024
 
-KNOBS = ("GGML_CUDA_ALLREDUCE", "GGML_CUDA_AR_CE", "GGML_CUDA_AR_CE_MIN_BYTES", "GGML_CUDA_AR_CE_FAIL_ALLOC",
-         "GGML_CUDA_AR_CE_CHUNK_BYTES")
+KNOBS = (allreduce.ENV_ALLREDUCE, allreduce.ENV_CE, allreduce.ENV_CE_MIN_BYTES, allreduce.ENV_CE_CHUNK_BYTES,
+         "GGML_CUDA_AR_CE_FAIL_ALLOC")
 
 
 needs_two_gpus = pytest.mark.skipif(
@@ -346,8 +346,6 @@ def test_run_rejects_bad_n_alt() -> None:
 def test_greedy_tokens_equal_on_every_path(knobs: pytest.MonkeyPatch, tiny_model: Path) -> None:
     """End to end: greedy generation under -sm tensor gives the same tokens with every reduction on
     the copy engines, with NCCL only, and with the defaults (the counters prove which path ran)."""
-    from pyllama_so import Llama
-
     runs = {}
     for name, env in {"ce": {"GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"},
                       "nccl": {"GGML_CUDA_AR_CE": "0"}, "default": {}}.items():

@@ -15,8 +15,8 @@ import sys
 from pyllama_so import _llama
 from pyllama_so import args as A
 from pyllama_so.bench.printers import PRINTERS
-from pyllama_so.bench.runner import BenchParams, run_benchmarks
-from pyllama_so.synth import SHAPES
+from pyllama_so.bench.runner import DEFAULTS, BenchParams, run_benchmarks
+from pyllama_so.synth import SHAPES, cached_model
 
 
 def default_threads() -> int:
@@ -39,7 +39,7 @@ def default_threads() -> int:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pyllama_so.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = BenchParams(models=[])  # the defaults live there (the printers compare against them too)
+    d = DEFAULTS
 
     def env(name: str, values: list[object]) -> str:  # LLAMA_ARG_<name>, else the default; parsed by the flag's type
         return A.env_default(name, ",".join(str(v).lower() for v in values))
@@ -85,8 +85,6 @@ def parser() -> argparse.ArgumentParser:
 def params_from_args(ns: argparse.Namespace) -> BenchParams:
     models = ns.model or ([os.environ["LLAMA_ARG_MODEL"]] if os.environ.get("LLAMA_ARG_MODEL") else None)
     if not models:
-        from pyllama_so.synth import cached_model
-
         models = [str(cached_model(ns.synthetic))]
     for m in models:
         if not os.path.isfile(m):

@@ -32,7 +32,6 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 
-import pyllama_so
 from pyllama_so import _llama
 from pyllama_so import args as A
 from pyllama_so.allreduce import (ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES,
@@ -48,7 +47,7 @@ SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
 SWEEP_PATHS = tuple(f"ce_c{kib}k" for kib in SWEEP_CHUNKS_KIB)
 PATHS: dict[str, tuple[dict[str, str | None], str]] = {
     "ce": (_CE_ENV, "ce"),
-    **{f"ce_c{kib}k": ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for kib in SWEEP_CHUNKS_KIB},
+    **{name: ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for name, kib in zip(SWEEP_PATHS, SWEEP_CHUNKS_KIB)},
     "nccl": ({**_BASE_ENV, ENV_ALLREDUCE: "nccl"}, "nccl"),
     "internal": ({**_BASE_ENV, ENV_ALLREDUCE: "internal"}, "internal"),
 }
@@ -124,7 +123,7 @@ def time_in_child(path: str, extra_env: dict[str, str], args: argparse.Namespace
 
 
 def cuda_devices() -> list[dict[str, object]]:
-    return [d for d in pyllama_so.devices() if d["backend"] == "CUDA"]
+    return [d for d in _llama.devices() if d["backend"] == "CUDA"]
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
@@ -197,14 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON to OUT ('-' = stdout)")
     ap.add_argument("--ce-sweep", action="store_true",
                     help="also time the copy engines with fixed chunks of 256 KiB to 4 MiB")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=sorted(PATHS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if len(args.devices) != 2 or args.devices[0] == args.devices[1]:
         ap.error("--devices needs two different indices")
 
     if args.worker:
-        if args.worker not in PATHS:
-            ap.error(f"unknown worker path {args.worker!r}")
         print(json.dumps(time_path(args.worker, args.sizes, args.warmup, args.iters, args.devices)))
         return 0
 

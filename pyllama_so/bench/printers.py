@@ -7,9 +7,7 @@ import json
 from typing import Any, TextIO
 
 from pyllama_so import __version__, _build_info
-from pyllama_so.bench.runner import BenchParams, TestResult, backend_name, cpu_info, gpu_info
-
-_DEFAULTS = BenchParams(models=[])
+from pyllama_so.bench.runner import DEFAULTS, BenchParams, TestResult, backend_name, cpu_info, gpu_info
 
 
 def tensor_split_str(ts: tuple[float, ...]) -> str:
@@ -137,7 +135,7 @@ class MarkdownPrinter(Printer):
             if axis == "n_threads":  # the default depends on the machine: shown for CPU runs, as llama-bench
                 show = cpu or len(values) > 1
             else:
-                show = len(values) > 1 or values != getattr(_DEFAULTS, axis)
+                show = len(values) > 1 or values != getattr(DEFAULTS, axis)
             if show:
                 self.cols.append((title, get))
         self.cols += [("test", lambda r: r.test.name), ("t/s", lambda r: f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}")]

@@ -101,6 +101,10 @@ class BenchParams:
             1 for _ in self.tests())
 
 
+# Every axis at its default: the command line's defaults, and what the printers leave out.
+DEFAULTS = BenchParams(models=[])
+
+
 @dataclass
 class TestResult:
     model: ModelParams
@@ -136,7 +140,8 @@ class TestResult:
         return int(statistics.stdev(self.samples_ns)) if len(self.samples_ns) > 1 else 0
 
 
-# Machine facts, fixed for a process: cached, since the printers ask on every row.
+# Machine facts, cached since the printers ask on every row. Devices registered later in the
+# process (CPU virtual devices, which only the tests add) are not seen here.
 @functools.cache
 def backend_name() -> str:
     """As llama-bench: the non-CPU backends with devices, else CPU."""
