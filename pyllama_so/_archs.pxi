@@ -67,11 +67,10 @@ def arch_model(str arch, bint moe, list device_indices, str split_mode="layer", 
                float stdev=0.1, drop_keys=()):
     """A random-weight model of the architecture's test fixture, on the given ggml devices."""
     cdef gguf_context * g = pyllama_so_arch_metadata(arch.encode(), moe)
+    if g == NULL:
+        raise ValueError(f"unknown architecture {arch!r}")
     cdef ggml_backend_dev_t * devs = <ggml_backend_dev_t *> calloc(len(device_indices) + 1, sizeof(ggml_backend_dev_t))
     cdef llama_model_params p
-    if g == NULL:
-        free(devs)
-        raise ValueError(f"unknown architecture {arch!r}")
     try:
         for key in drop_keys:
             if gguf_remove_key(g, key.encode()) < 0:
@@ -108,19 +107,13 @@ def arch_logits(Context ctx, tokens, bint encode=False):
     With encode, the same tokens go through llama_encode first, as in upstream's test."""
     ctx._check_open()
     cdef int32_t[::1] toks
-    cdef int32_t n, i, rc
+    cdef int32_t n, rc
     if encode:
         toks = ctx.model._tokens(tokens)
         n = toks.shape[0]
         if n > ctx.batch_cap:
             raise ValueError(f"{n} tokens do not fit one batch of {ctx.batch_cap}")
-        for i in range(n):
-            ctx.batch.token[i] = toks[i]
-            ctx.batch.pos[i] = i
-            ctx.batch.n_seq_id[i] = 1
-            ctx.batch.seq_id[i][0] = 0
-            ctx.batch.logits[i] = 1
-        ctx.batch.n_tokens = n
+        ctx._fill_batch(toks, 0, n, 0, 0, True, n - 1)
         with nogil:
             rc = llama_encode(ctx.ptr, ctx.batch)
         _check_decode(rc, "encode", "llama_encode")

@@ -558,6 +558,19 @@ cdef class Context:
     cdef int32_t n_last_outputs
     cdef uint64_t rng
 
+    cdef void _fill_batch(self, const int32_t[::1] toks, int32_t start, int32_t n, llama_pos pos0,
+                          int32_t seq_id, bint all_logits, int32_t last):
+        """Tokens [start, start + n) of toks into the batch, at positions pos0 + index in one sequence;
+        logits for every token (all_logits) or only for token `last`."""
+        cdef int32_t i
+        for i in range(n):
+            self.batch.token[i] = toks[start + i]
+            self.batch.pos[i] = pos0 + start + i
+            self.batch.n_seq_id[i] = 1
+            self.batch.seq_id[i][0] = seq_id
+            self.batch.logits[i] = all_logits or start + i == last
+        self.batch.n_tokens = n
+
     def __cinit__(self):
         self.ptr = NULL
         self.batch_cap = 0
@@ -685,14 +698,7 @@ cdef class Context:
         cdef float * src
         while done < n:
             chunk = min(n - done, self.batch_cap)
-            for i in range(chunk):
-                self.batch.token[i] = toks[done + i]
-                self.batch.pos[i] = pos0 + done + i
-                self.batch.n_seq_id[i] = 1
-                self.batch.seq_id[i][0] = seq_id
-                want = all_logits or done + i == n - 1
-                self.batch.logits[i] = want
-            self.batch.n_tokens = chunk
+            self._fill_batch(toks, done, chunk, pos0, seq_id, all_logits, n - 1)
             with nogil:
                 rc = llama_decode(self.ptr, self.batch)
             _check_decode(rc, "decode")

@@ -13,7 +13,6 @@
 #include "llama-model-saver.h"
 
 #include <cinttypes>
-#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <initializer_list>

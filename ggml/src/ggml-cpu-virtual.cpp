@@ -154,11 +154,9 @@ static const char * ggml_cpu_virtual_buffer_type_get_name(ggml_backend_buffer_ty
     return ((ggml_cpu_virtual_device_context *) buft->context)->name.c_str();
 }
 
-static ggml_backend_buffer_t ggml_cpu_virtual_buffer_type_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size);
-
 static bool ggml_cpu_virtual_buffer_is_ours(ggml_backend_buffer_t buffer) {
     return buffer != nullptr && buffer->buft != nullptr &&
-           buffer->buft->iface.alloc_buffer == ggml_cpu_virtual_buffer_type_alloc_buffer;
+           buffer->buft->iface.get_name == ggml_cpu_virtual_buffer_type_get_name;
 }
 
 // a host source never gets here: ggml_backend_tensor_copy sets it with set_tensor instead
@@ -205,7 +203,6 @@ static const ggml_backend_buffer_type_i ggml_cpu_virtual_buffer_type_i = {
 // backends
 
 struct ggml_cpu_virtual_backend_context {
-    std::string                       name;
     ggml_backend_t                    cpu;          // used by the worker thread only
     int64_t                           delay_us;
     std::unique_ptr<ggml_cpu_virtual_stream> stream; // declared last: joined first
@@ -216,7 +213,7 @@ static ggml_cpu_virtual_backend_context * vctx(ggml_backend_t backend) {
 }
 
 static const char * ggml_cpu_virtual_backend_get_name(ggml_backend_t backend) {
-    return vctx(backend)->name.c_str();
+    return ggml_backend_dev_name(backend->device);
 }
 
 static void ggml_cpu_virtual_backend_free(ggml_backend_t backend) {
@@ -309,6 +306,8 @@ struct ggml_cpu_virtual_graph_copy {
             use_counts[ggml_hash_insert(&hash, nodes[i])] = ggml_node_get_use_count(src, i);
         }
         graph                  = *src;
+        graph.grads            = nullptr; // indexed by the original hash set; the CPU backend does not read them
+        graph.grad_accs        = nullptr;
         graph.nodes            = nodes.data();
         graph.n_nodes          = n_nodes;
         graph.size             = n_nodes;
@@ -412,13 +411,12 @@ static ggml_backend_t ggml_cpu_virtual_device_init_backend(ggml_backend_dev_t de
     ggml_backend_cpu_set_n_threads(cpu, std::max(1, env_int("GGML_CPU_VIRTUAL_THREADS", 1)));
 
     auto * ctx        = new ggml_cpu_virtual_backend_context;
-    ctx->name         = dev_ctx->name;
     ctx->cpu          = cpu;
     ctx->delay_us     = ggml_cpu_virtual_delay_selected(dev_ctx->index) ? env_int("GGML_CPU_VIRTUAL_DELAY_US", 0) : 0;
     ctx->stream       = std::make_unique<ggml_cpu_virtual_stream>(env_int("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT", 0) != 0);
     if (ctx->stream->broken_wait) {
         GGML_LOG_WARN("%s: GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT is set: event waits on %s do not wait (test only)\n",
-                __func__, ctx->name.c_str());
+                __func__, dev_ctx->name.c_str());
     }
 
     return new ggml_backend {
@@ -557,7 +555,7 @@ static void * ggml_cpu_virtual_comm_init(ggml_backend_t * backends, size_t n_bac
 static void ggml_cpu_virtual_comm_free(void * comm_ctx) {
     auto * comm = (ggml_cpu_virtual_comm *) comm_ctx;
     for (ggml_backend_t backend : comm->backends) {
-        ggml_backend_synchronize(backend); // no queued step may outlive the events
+        ggml_backend_synchronize(backend); // the queued steps write into the reduced tensors
     }
     delete comm;
 }
