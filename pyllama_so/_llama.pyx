@@ -694,7 +694,6 @@ cdef class Context:
         out = np.empty((n if all_logits else 1, n_vocab), dtype=np.float32)
         cdef float[:, ::1] out_mv = out
         cdef int32_t done = 0, chunk, i, row = 0, rc
-        cdef bint want
         cdef float * src
         while done < n:
             chunk = min(n - done, self.batch_cap)
