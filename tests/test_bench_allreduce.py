@@ -41,6 +41,16 @@ def test_sweep_paths_set_only_the_chunk_size() -> None:
     assert ar.PATHS["nccl"][0]["GGML_CUDA_AR_CE"] == "0" and ar.PATHS["internal"][0]["GGML_CUDA_AR_CE"] == "0"
 
 
+def test_memop_paths_set_the_signal_and_others_clear_it() -> None:
+    for name in ("ce_memop", "ce_memop_c512k"):
+        assert name in ar.SWEEP_PATHS
+        env, counter = ar.PATHS[name]
+        assert counter == "ce" and env["GGML_CUDA_AR_CE_SIGNAL"] == "memop"
+    assert ar.PATHS["ce_memop_c512k"][0]["GGML_CUDA_AR_CE_CHUNK_BYTES"] == str(512 << 10)
+    for name in ("ce", "ce_c512k", "nccl", "internal"):
+        assert ar.PATHS[name][0]["GGML_CUDA_AR_CE_SIGNAL"] is None
+
+
 def test_environ_restores_every_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GGML_CUDA_AR_CE", "0")
     monkeypatch.delenv("GGML_CUDA_AR_CE_CHUNK_BYTES", raising=False)

@@ -8,12 +8,16 @@ algBW); the reduced F32 tensor is twice as large. For each size it times, in one
   ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size)
   ce_c<K>k      with --ce-sweep: the copy-engine path with a fixed chunk of K KiB
                 (GGML_CUDA_AR_CE_CHUNK_BYTES) instead of the automatic 1 or 2 MiB
+  ce_memop...   with --ce-sweep: the copy-engine path with stream-memory-operation signals
+                (GGML_CUDA_AR_CE_SIGNAL=memop) instead of events, automatic and fixed chunks
   nccl          NCCL as the machine allows (NVLink/peer access where present)
   nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory (in a child process: NCCL
                 reads the variable once per process)
   internal      llama.cpp's internal pipeline (GGML_CUDA_ALLREDUCE=internal)
   ceiling       both GPUs copying the payload device->host and host->device at once (pinned),
                 the bound for any reduction through host memory
+  ceiling_c<K>k with --ce-sweep: the same traffic issued as copies of K KiB (the copy engines'
+                own cost per copy, without any synchronization)
 
 and prints time, algBW (payload / time), the ratio to the ceiling (ceiling time / time), the host
 time to issue one reduction (when it comes close to the time, the path is bound by its API calls),
@@ -35,19 +39,27 @@ from collections.abc import Iterator, Sequence
 from pyllama_so import _llama
 from pyllama_so import args as A
 from pyllama_so.allreduce import (ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES,
-                                  set_env)
+                                  ENV_CE_SIGNAL, set_env)
 
 DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 
 # path -> (environment for the comm context, the counter that must move)
-_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None}
-_BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_CHUNK_BYTES: None}
+_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None,
+                                  ENV_CE_SIGNAL: None}
+_BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_CHUNK_BYTES: None, ENV_CE_SIGNAL: None}
+_MEMOP_ENV: dict[str, str | None] = {**_CE_ENV, ENV_CE_SIGNAL: "memop"}
 SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
-# --ce-sweep: the copy engines with each fixed chunk size
-SWEEP_PATHS = tuple(f"ce_c{kib}k" for kib in SWEEP_CHUNKS_KIB)
+MEMOP_CHUNKS_KIB = (512, 1024)
+CEILING_CHUNKS_KIB = (256, 512, 1024, 2048)
+# --ce-sweep: the copy engines with each fixed chunk size, memop signals, and the chunked ceilings
+SWEEP_PATHS = (tuple(f"ce_c{kib}k" for kib in SWEEP_CHUNKS_KIB) + ("ce_memop",) +
+               tuple(f"ce_memop_c{kib}k" for kib in MEMOP_CHUNKS_KIB))
+CEILING_ROWS = {f"ceiling_c{kib}k": kib << 10 for kib in CEILING_CHUNKS_KIB}
 PATHS: dict[str, tuple[dict[str, str | None], str]] = {
     "ce": (_CE_ENV, "ce"),
-    **{name: ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for name, kib in zip(SWEEP_PATHS, SWEEP_CHUNKS_KIB)},
+    **{f"ce_c{kib}k": ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for kib in SWEEP_CHUNKS_KIB},
+    "ce_memop": (_MEMOP_ENV, "ce"),
+    **{f"ce_memop_c{kib}k": ({**_MEMOP_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for kib in MEMOP_CHUNKS_KIB},
     "nccl": ({**_BASE_ENV, ENV_ALLREDUCE: "nccl"}, "nccl"),
     "internal": ({**_BASE_ENV, ENV_ALLREDUCE: "internal"}, "internal"),
 }
@@ -101,11 +113,14 @@ def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices:
     return out
 
 
-def time_ceiling(sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int]) -> dict[str, object]:
-    try:
-        return {"us": _llama.allreduce_bench(list(sizes), "ceiling", warmup, iters, tuple(devices))}
-    except _llama.LlamaError as e:
-        return {"error": str(e)}
+def time_ceiling(sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int],
+                 chunk_bytes: int | None = None) -> dict[str, object]:
+    """The pinned-copy ceiling; with chunk_bytes, the same traffic issued as copies of that size."""
+    with environ({ENV_CE_CHUNK_BYTES: None if chunk_bytes is None else str(chunk_bytes)}):
+        try:
+            return {"us": _llama.allreduce_bench(list(sizes), "ceiling", warmup, iters, tuple(devices))}
+        except _llama.LlamaError as e:
+            return {"error": str(e)}
 
 
 def time_in_child(path: str, extra_env: dict[str, str], args: argparse.Namespace) -> dict[str, object]:
@@ -133,6 +148,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     order = list(ORDER)
     if args.ce_sweep:
         order[1:1] = SWEEP_PATHS
+        for name, chunk in CEILING_ROWS.items():
+            results[name] = time_ceiling(args.sizes, args.warmup, args.iters, args.devices, chunk)
     for path in order:
         if path == "nccl_nop2p":
             results[path] = time_in_child("nccl", {"NCCL_P2P_DISABLE": "1"}, args)
@@ -195,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="two CUDA device indices (default 0,1)")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON to OUT ('-' = stdout)")
     ap.add_argument("--ce-sweep", action="store_true",
-                    help="also time the copy engines with fixed chunks of 256 KiB to 4 MiB")
+                    help="also time the copy engines with fixed chunks of 256 KiB to 4 MiB, with memop signals, "
+                         "and the ceiling in chunks")
     ap.add_argument("--worker", choices=sorted(PATHS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if len(args.devices) != 2 or args.devices[0] == args.devices[1]:

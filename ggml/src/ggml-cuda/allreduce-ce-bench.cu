@@ -216,6 +216,8 @@ static double ggml_cuda_ce_worst_ms(const int32_t * devices, cudaEvent_t const s
 
 // Both GPUs copy `bytes` device->pinned host and pinned host->device at once, n times: the
 // traffic of a copy-engine AllReduce of that wire size, without any synchronization between GPUs.
+// With GGML_CUDA_AR_CE_CHUNK_BYTES set, each copy is issued as copies of that size, back to back on
+// its stream: the ceiling of that chunk size, which shows the copy engines' own cost per copy.
 static int ggml_cuda_ce_bench_ceiling(ggml_cuda_ce_rig & rig, const int32_t * devices, size_t bytes,
                                       int n_warmup, int n_iter, double * us) {
     struct side {
@@ -226,6 +228,8 @@ static int ggml_cuda_ce_bench_ceiling(ggml_cuda_ce_rig & rig, const int32_t * de
         char *       host_out = nullptr;
         char *       host_in  = nullptr;
     } s[2];
+    const size_t env_chunk = ggml_cuda_ce_env_chunk_bytes();
+    const size_t chunk     = env_chunk != 0 ? env_chunk : std::max<size_t>(bytes, 1);
     int rc = PYLLAMA_SO_AR_OK;
     for (int i = 0; i < 2 && rc == PYLLAMA_SO_AR_OK; ++i) {
         s[i].src = (char *) rig.dev_alloc(i, bytes);
@@ -255,8 +259,11 @@ static int ggml_cuda_ce_bench_ceiling(ggml_cuda_ce_rig & rig, const int32_t * de
             for (int it = 0; it < n; ++it) {
                 for (int i = 0; i < 2; ++i) {
                     ggml_cuda_set_device(devices[i]);
-                    CUDA_CHECK(cudaMemcpyAsync(s[i].host_out, s[i].src, bytes, cudaMemcpyDeviceToHost, s[i].d2h));
-                    CUDA_CHECK(cudaMemcpyAsync(s[i].dst, s[i].host_in, bytes, cudaMemcpyHostToDevice, s[i].h2d));
+                    for (size_t off = 0; off < bytes; off += chunk) {
+                        const size_t m = std::min(chunk, bytes - off);
+                        CUDA_CHECK(cudaMemcpyAsync(s[i].host_out + off, s[i].src + off, m, cudaMemcpyDeviceToHost, s[i].d2h));
+                        CUDA_CHECK(cudaMemcpyAsync(s[i].dst + off, s[i].host_in + off, m, cudaMemcpyHostToDevice, s[i].h2d));
+                    }
                 }
             }
             for (int i = 0; i < 2; ++i) {
