@@ -26,7 +26,6 @@ cdef extern from "pyllama-so-allreduce.h" nogil:
         uint64_t ce_rounds
         uint64_t ce_buffer_allocs
         uint64_t ce_alloc_failures
-        uint64_t ce_memop_rounds
 
     struct pyllama_so_allreduce_run_params:
         uint64_t size
@@ -116,7 +115,6 @@ def allreduce_stats():
         "ce_rounds": int(st.ce_rounds),
         "ce_buffer_allocs": int(st.ce_buffer_allocs),
         "ce_alloc_failures": int(st.ce_alloc_failures),
-        "ce_memop_rounds": int(st.ce_memop_rounds),
     }
 
 

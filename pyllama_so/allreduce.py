@@ -40,7 +40,6 @@ PATHS: tuple[str, ...] = tuple(_llama.ALLREDUCE_PATHS)
 ENV_CE = "GGML_CUDA_AR_CE"
 ENV_CE_MIN_BYTES = "GGML_CUDA_AR_CE_MIN_BYTES"
 ENV_CE_CHUNK_BYTES = "GGML_CUDA_AR_CE_CHUNK_BYTES"
-ENV_CE_SIGNAL = "GGML_CUDA_AR_CE_SIGNAL"  # event (default) or memop
 ENV_ALLREDUCE = "GGML_CUDA_ALLREDUCE"  # upstream's base path: nccl, internal, none
 CHUNK_BYTES_RANGE = (64 << 10, 4 << 20)
 
@@ -60,7 +59,6 @@ class AllReduceStats:
     ce_rounds: int = 0
     ce_buffer_allocs: int = 0
     ce_alloc_failures: int = 0
-    ce_memop_rounds: int = 0
 
     @property
     def total_calls(self) -> int:
@@ -84,7 +82,6 @@ def allreduce_stats() -> AllReduceStats:
         ce_rounds=raw["ce_rounds"],
         ce_buffer_allocs=raw["ce_buffer_allocs"],
         ce_alloc_failures=raw["ce_alloc_failures"],
-        ce_memop_rounds=raw["ce_memop_rounds"],
     )
 
 

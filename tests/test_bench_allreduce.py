@@ -41,16 +41,6 @@ def test_sweep_paths_set_only_the_chunk_size() -> None:
     assert ar.PATHS["nccl"][0]["GGML_CUDA_AR_CE"] == "0" and ar.PATHS["internal"][0]["GGML_CUDA_AR_CE"] == "0"
 
 
-def test_memop_paths_set_the_signal_and_others_clear_it() -> None:
-    for name in ("ce_memop", "ce_memop_c512k"):
-        assert name in ar.SWEEP_PATHS
-        env, counter = ar.PATHS[name]
-        assert counter == "ce" and env["GGML_CUDA_AR_CE_SIGNAL"] == "memop"
-    assert ar.PATHS["ce_memop_c512k"][0]["GGML_CUDA_AR_CE_CHUNK_BYTES"] == str(512 << 10)
-    for name in ("ce", "ce_c512k", "nccl", "internal"):
-        assert ar.PATHS[name][0]["GGML_CUDA_AR_CE_SIGNAL"] is None
-
-
 def test_environ_restores_every_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GGML_CUDA_AR_CE", "0")
     monkeypatch.delenv("GGML_CUDA_AR_CE_CHUNK_BYTES", raising=False)
@@ -96,3 +86,27 @@ def test_report_ratios_and_table_with_missing_queued_times(monkeypatch: pytest.M
     assert "| 8 MiB | ce | 200.0 | 41.9 | 0.80 | 90.0 |  |  |" in out
     assert "| 1 MiB | ce | 40.0 | 26.2 | 0.50 | 30.0 | 50.0 | 0.40 |" in out
     assert "nccl_nop2p: error: no child here" in out
+
+
+def test_sweep_times_the_ceiling_in_each_chunk_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--ce-sweep: the ceiling again with GGML_CUDA_AR_CE_CHUNK_BYTES set to each chunk size (and
+    unset for the plain ceiling); those rows get ratios to the plain ceiling like the paths."""
+    seen: list[str | None] = []
+
+    def fake_bench(sizes: list[int], mode: str, *a: object, **kw: object) -> list[float]:
+        assert mode == "ceiling"
+        chunk = os.environ.get("GGML_CUDA_AR_CE_CHUNK_BYTES")
+        seen.append(chunk)
+        return [100.0 if chunk is None else 100.0 + (4 << 20) / int(chunk)]
+
+    monkeypatch.delenv("GGML_CUDA_AR_CE_CHUNK_BYTES", raising=False)
+    monkeypatch.setattr(ar._llama, "allreduce_bench", fake_bench)
+    monkeypatch.setattr(ar, "cuda_devices", lambda: [{"name": "CUDA0"}, {"name": "CUDA1"}])
+    monkeypatch.setattr(ar, "time_path", lambda path, *a: {"error": "not timed here"})
+    monkeypatch.setattr(ar, "time_in_child", lambda *a: {"error": "not timed here"})
+    args = argparse.Namespace(sizes=[4 << 20], warmup=0, iters=1, devices=[0, 1], ce_sweep=True)
+    results = ar.run(args)["results"]
+    assert seen == [None] + [str(kib << 10) for kib in ar.CEILING_CHUNKS_KIB]
+    assert "GGML_CUDA_AR_CE_CHUNK_BYTES" not in os.environ
+    assert results["ceiling_c256k"]["ratio_to_ceiling"] == [pytest.approx(100.0 / 116.0)]
+    assert results["ceiling_c2048k"]["ratio_to_ceiling"] == [pytest.approx(100.0 / 102.0)]

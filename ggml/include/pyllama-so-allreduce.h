@@ -31,7 +31,6 @@ struct pyllama_so_allreduce_stats {
     uint64_t ce_rounds;                        // slot-sized pieces moved by the copy engines
     uint64_t ce_buffer_allocs;                 // comm contexts that allocated CE buffers
     uint64_t ce_alloc_failures;                // ... and that failed to (then NCCL/internal took over)
-    uint64_t ce_memop_rounds;                  // ce_rounds signalled with stream memory operations (GGML_CUDA_AR_CE_SIGNAL=memop)
 };
 
 // Run n_iter reductions of n F32 elements on two devices through a fresh comm context (routed as

@@ -8,8 +8,6 @@ algBW); the reduced F32 tensor is twice as large. For each size it times, in one
   ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size)
   ce_c<K>k      with --ce-sweep: the copy-engine path with a fixed chunk of K KiB
                 (GGML_CUDA_AR_CE_CHUNK_BYTES) instead of the automatic 1 or 2 MiB
-  ce_memop...   with --ce-sweep: the copy-engine path with stream-memory-operation signals
-                (GGML_CUDA_AR_CE_SIGNAL=memop) instead of events, automatic and fixed chunks
   nccl          NCCL as the machine allows (NVLink/peer access where present)
   nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory (in a child process: NCCL
                 reads the variable once per process)
@@ -39,27 +37,21 @@ from collections.abc import Iterator, Sequence
 from pyllama_so import _llama
 from pyllama_so import args as A
 from pyllama_so.allreduce import (ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES,
-                                  ENV_CE_SIGNAL, set_env)
+                                  set_env)
 
 DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 
 # path -> (environment for the comm context, the counter that must move)
-_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None,
-                                  ENV_CE_SIGNAL: None}
-_BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_CHUNK_BYTES: None, ENV_CE_SIGNAL: None}
-_MEMOP_ENV: dict[str, str | None] = {**_CE_ENV, ENV_CE_SIGNAL: "memop"}
+_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None}
+_BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_CHUNK_BYTES: None}
 SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
-MEMOP_CHUNKS_KIB = (512, 1024)
 CEILING_CHUNKS_KIB = (256, 512, 1024, 2048)
-# --ce-sweep: the copy engines with each fixed chunk size, memop signals, and the chunked ceilings
-SWEEP_PATHS = (tuple(f"ce_c{kib}k" for kib in SWEEP_CHUNKS_KIB) + ("ce_memop",) +
-               tuple(f"ce_memop_c{kib}k" for kib in MEMOP_CHUNKS_KIB))
+# --ce-sweep: the copy engines with each fixed chunk size, and the ceiling issued in chunks
+SWEEP_PATHS = tuple(f"ce_c{kib}k" for kib in SWEEP_CHUNKS_KIB)
 CEILING_ROWS = {f"ceiling_c{kib}k": kib << 10 for kib in CEILING_CHUNKS_KIB}
 PATHS: dict[str, tuple[dict[str, str | None], str]] = {
     "ce": (_CE_ENV, "ce"),
-    **{f"ce_c{kib}k": ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for kib in SWEEP_CHUNKS_KIB},
-    "ce_memop": (_MEMOP_ENV, "ce"),
-    **{f"ce_memop_c{kib}k": ({**_MEMOP_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for kib in MEMOP_CHUNKS_KIB},
+    **{name: ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for name, kib in zip(SWEEP_PATHS, SWEEP_CHUNKS_KIB)},
     "nccl": ({**_BASE_ENV, ENV_ALLREDUCE: "nccl"}, "nccl"),
     "internal": ({**_BASE_ENV, ENV_ALLREDUCE: "internal"}, "internal"),
 }
@@ -212,8 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="two CUDA device indices (default 0,1)")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON to OUT ('-' = stdout)")
     ap.add_argument("--ce-sweep", action="store_true",
-                    help="also time the copy engines with fixed chunks of 256 KiB to 4 MiB, with memop signals, "
-                         "and the ceiling in chunks")
+                    help="also time the copy engines with fixed chunks of 256 KiB to 4 MiB, and the ceiling "
+                         "issued in copies of 256 KiB to 2 MiB")
     ap.add_argument("--worker", choices=sorted(PATHS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if len(args.devices) != 2 or args.devices[0] == args.devices[1]:

@@ -33,7 +33,6 @@ static std::atomic<uint64_t> g_ce_bytes[PYLLAMA_SO_AR_PATH_COUNT];
 static std::atomic<uint64_t> g_ce_rounds;
 static std::atomic<uint64_t> g_ce_buffer_allocs;
 static std::atomic<uint64_t> g_ce_alloc_failures;
-static std::atomic<uint64_t> g_ce_memop_rounds;
 
 static void ggml_cuda_ce_count(int path, size_t nbytes) {
     g_ce_calls[path].fetch_add(1, std::memory_order_relaxed);
@@ -51,7 +50,6 @@ static int ggml_cuda_ce_stats_get(pyllama_so_allreduce_stats * out) {
     out->ce_rounds         = g_ce_rounds.load(std::memory_order_relaxed);
     out->ce_buffer_allocs  = g_ce_buffer_allocs.load(std::memory_order_relaxed);
     out->ce_alloc_failures = g_ce_alloc_failures.load(std::memory_order_relaxed);
-    out->ce_memop_rounds   = g_ce_memop_rounds.load(std::memory_order_relaxed);
     return PYLLAMA_SO_AR_OK;
 }
 
@@ -63,7 +61,6 @@ static void ggml_cuda_ce_stats_reset(void) {
     g_ce_rounds.store(0, std::memory_order_relaxed);
     g_ce_buffer_allocs.store(0, std::memory_order_relaxed);
     g_ce_alloc_failures.store(0, std::memory_order_relaxed);
-    g_ce_memop_rounds.store(0, std::memory_order_relaxed);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -155,27 +152,6 @@ size_t ggml_cuda_ce_env_chunk_bytes() {
     return (size_t) v.value;
 }
 
-// How a GPU learns that a chunk of its peer has landed in host memory: an event recorded after the
-// copy (waited on across devices), or a stream memory operation that writes the round's number to a
-// flag in pinned host memory after the copy, which the peer's receive stream polls.
-enum ggml_cuda_ce_signal {
-    GGML_CUDA_CE_SIGNAL_EVENT,
-    GGML_CUDA_CE_SIGNAL_MEMOP,
-};
-
-// GGML_CUDA_AR_CE_SIGNAL: event (default) or memop.
-static ggml_cuda_ce_signal ggml_cuda_ce_env_signal() {
-    const char * v = getenv("GGML_CUDA_AR_CE_SIGNAL");
-    if (v == nullptr || v[0] == '\0' || strcmp(v, "event") == 0) {
-        return GGML_CUDA_CE_SIGNAL_EVENT;
-    }
-    if (strcmp(v, "memop") == 0) {
-        return GGML_CUDA_CE_SIGNAL_MEMOP;
-    }
-    GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE_SIGNAL=\"%s\" (expected event or memop)\n", __func__, v);
-    return GGML_CUDA_CE_SIGNAL_EVENT;
-}
-
 // Bytes per copy for a reduction of `wire_bytes` (BF16). Receiving starts one chunk after sending,
 // so small chunks shorten that lag; but each chunk also costs about 5 µs of GPU time (an event hop
 // between the GPUs) and four API calls per GPU, and below 4 MiB a reduction is bound by the host
@@ -203,8 +179,6 @@ struct ggml_cuda_ce_device {
     cudaStream_t streams[GGML_CUDA_CE_N_STREAMS] = {};
     char *       vram   = nullptr; // [slot] send part, [slot] recv part (BF16)
     char *       host   = nullptr; // pinned, portable: [slot] our part, read by the peer
-    uint32_t *   flags  = nullptr; // pinned, memop signals only: [slot][chunk] the latest round whose chunk is in host
-    uint64_t     flags_at[2] = {}; // flags' address as device i sees it (written by us, polled by the peer)
 
     // per slot, the latest round in it on this device; the kernels run in two pieces, [0] and [1]
     cudaEvent_t conv_ev [GGML_CUDA_CE_N_SLOTS][2] = {};                        // first chunk / whole round converted
@@ -218,9 +192,6 @@ struct ggml_cuda_ce_device {
         return (uint16_t *) (vram + (size_t) (GGML_CUDA_CE_N_SLOTS + slot) * GGML_CUDA_CE_SLOT_BYTES);
     }
     char * host_part(int slot) const { return host + (size_t) slot * GGML_CUDA_CE_SLOT_BYTES; }
-    uint64_t flag(int seen_by, int slot, int chunk) const {
-        return flags_at[seen_by] + ((size_t) slot * GGML_CUDA_CE_SLOT_CHUNKS + chunk) * sizeof(uint32_t);
-    }
 
     // Every event above, for creating and destroying them.
     template <typename F> void each_event(F && f) {
@@ -251,12 +222,10 @@ struct ggml_cuda_ce_router {
     size_t min_bytes   = GGML_CUDA_CE_MIN_BYTES_DEFAULT;
     bool   fail_alloc  = false;
     size_t chunk_bytes = 0;     // GGML_CUDA_AR_CE_CHUNK_BYTES; 0: automatic
-    ggml_cuda_ce_signal signal = GGML_CUDA_CE_SIGNAL_EVENT;
 
     ggml_cuda_ce_state  state = GGML_CUDA_CE_STATE_UNALLOCATED;
     ggml_cuda_ce_device dev[2];
     int  next_slot      = 0; // slots alternate across reductions too
-    uint32_t round_no[GGML_CUDA_CE_N_SLOTS] = {}; // memop signals: rounds put in each slot so far (wraps)
     bool capture_logged = false;
 };
 
@@ -304,46 +273,6 @@ static __global__ void ggml_cuda_ce_add_kernel(
     }
 }
 
-// Stream memory operations of the driver, looked up at run time so that they need no link to
-// libcuda (builds with GGML_CUDA_NO_VMM have none). Both null where the runtime cannot look them up.
-typedef CUresult (*ggml_cuda_ce_value_op_t)(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
-
-struct ggml_cuda_ce_memops {
-    ggml_cuda_ce_value_op_t write = nullptr;
-    ggml_cuda_ce_value_op_t wait  = nullptr;
-};
-
-static const ggml_cuda_ce_memops & ggml_cuda_ce_get_memops() {
-    static const ggml_cuda_ce_memops ops = [] {
-        ggml_cuda_ce_memops m;
-#if CUDART_VERSION >= 12050
-        void * fn[2] = {};
-        const char * names[2] = { "cuStreamWriteValue32", "cuStreamWaitValue32" };
-        bool ok = true;
-        for (int k = 0; k < 2; ++k) {
-            cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-            ok = ok && cudaGetDriverEntryPointByVersion(names[k], &fn[k], 12000, cudaEnableDefault, &q) == cudaSuccess &&
-                 q == cudaDriverEntryPointSuccess && fn[k] != nullptr;
-        }
-        (void) cudaGetLastError();
-        if (ok) {
-            m.write = (ggml_cuda_ce_value_op_t) fn[0];
-            m.wait  = (ggml_cuda_ce_value_op_t) fn[1];
-        }
-#endif // CUDART_VERSION >= 12050
-        return m;
-    }();
-    return ops;
-}
-
-static const char * ggml_cuda_ce_memop_error_str(CUresult err) {
-    return err == CUDA_ERROR_NOT_SUPPORTED ? "stream memory operations not supported" : "stream memory operation failed";
-}
-
-#define GGML_CUDA_CE_MEMOP_CHECK(call) CUDA_CHECK_GEN(call, CUDA_SUCCESS, ggml_cuda_ce_memop_error_str)
-
-static constexpr size_t GGML_CUDA_CE_FLAG_BYTES = (size_t) GGML_CUDA_CE_N_SLOTS * GGML_CUDA_CE_SLOT_CHUNKS * sizeof(uint32_t);
-
 static dim3 ggml_cuda_ce_grid(const int n) {
     const int block = 256;
     return dim3((unsigned) std::max(1, std::min((n + block - 1) / block, 1024)));
@@ -379,8 +308,6 @@ static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router * r) {
         }
         if (d.vram) { CUDA_CHECK(cudaFree(d.vram));     d.vram = nullptr; }
         if (d.host) { CUDA_CHECK(cudaFreeHost(d.host)); d.host = nullptr; }
-        if (d.flags) { CUDA_CHECK(cudaFreeHost(d.flags)); d.flags = nullptr; }
-        d.flags_at[0] = d.flags_at[1] = 0;
         d.device = -1;
     }
 }
@@ -401,20 +328,6 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
             GGML_CUDA_CE_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
         }
         d.each_event([&](cudaEvent_t & ev) { GGML_CUDA_CE_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)); });
-        if (r->signal == GGML_CUDA_CE_SIGNAL_MEMOP) {
-            GGML_CUDA_CE_TRY(cudaHostAlloc((void **) &d.flags, GGML_CUDA_CE_FLAG_BYTES, cudaHostAllocPortable | cudaHostAllocMapped));
-            if (err == cudaSuccess) {
-                memset(d.flags, 0, GGML_CUDA_CE_FLAG_BYTES); // round numbers start at 1
-            }
-        }
-    }
-    for (int i = 0; i < 2 && err == cudaSuccess && r->signal == GGML_CUDA_CE_SIGNAL_MEMOP; ++i) {
-        for (int j = 0; j < 2; ++j) {
-            ggml_cuda_set_device(r->dev_ids[j]);
-            void * p = nullptr;
-            GGML_CUDA_CE_TRY(cudaHostGetDevicePointer(&p, r->dev[i].flags, 0));
-            r->dev[i].flags_at[j] = (uint64_t) (uintptr_t) p;
-        }
     }
     if (err != cudaSuccess) {
         (void) cudaGetLastError(); // clear the sticky error of the failed call
@@ -430,10 +343,9 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
     r->state = GGML_CUDA_CE_STATE_READY;
     g_ce_buffer_allocs.fetch_add(1, std::memory_order_relaxed);
     GGML_LOG_INFO("%s: copy-engine AllReduce on devices %d,%d: %zu MiB VRAM + %zu MiB pinned host memory per GPU, "
-                  "reductions from %zu bytes, chunks of %s, %s signals\n", __func__,
+                  "reductions from %zu bytes, chunks of %s\n", __func__,
                   r->dev_ids[0], r->dev_ids[1], GGML_CUDA_CE_VRAM_BYTES >> 20, GGML_CUDA_CE_HOST_BYTES >> 20,
-                  r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "1 or 2 MiB by size",
-                  r->signal == GGML_CUDA_CE_SIGNAL_MEMOP ? "memop" : "event");
+                  r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "1 or 2 MiB by size");
     return true;
 }
 
@@ -447,10 +359,6 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
 //               conv[0] (chunk 0) or conv[1] (chunk 1), D2H -> d2h(c); then d2h_done
 //   recv[i]:    wait own add_done(s) (the sum read the receive part); per chunk: wait peer d2h(c),
 //               H2D; h2d[0] before the last chunk, h2d[1] after it
-// d2h(c) is an event, or with memop signals the round's number written to flag (s, c) after the
-// copy (with a fence, so the chunk is visible first) and waited for with equality: a flag cannot
-// move past a round before its reader has waited, because the next write into the slot waits for
-// the reader's h2d[1], so stale numbers never pass and wrapping does not matter.
 //   sum, on compute[i]: wait h2d[0], chunks 0..n-2; wait h2d[1], the last chunk -> add_done(s)
 // The kernels run in two pieces so that the first copy waits for one chunk's conversion and the
 // last sum covers one chunk; copies are per chunk so that receiving starts one chunk after sending.
@@ -463,8 +371,6 @@ static void ggml_cuda_ce_issue(ggml_cuda_ce_router * r, cudaStream_t compute[2],
     const int64_t n_rounds    = ggml_cuda_ce_n_rounds(ne);
     const int64_t chunk_elems = (int64_t) (ggml_cuda_ce_chunk_bytes(r->chunk_bytes, (size_t) ne * sizeof(uint16_t)) / sizeof(uint16_t));
     const int     slot0       = r->next_slot;
-    const bool    memop       = r->signal == GGML_CUDA_CE_SIGNAL_MEMOP;
-    const ggml_cuda_ce_memops & ops = ggml_cuda_ce_get_memops();
     r->next_slot = (int) ((slot0 + n_rounds) % GGML_CUDA_CE_N_SLOTS);
 
     struct round_t { int s; int64_t off; int64_t m; int n; };
@@ -504,7 +410,6 @@ static void ggml_cuda_ce_issue(ggml_cuda_ce_router * r, cudaStream_t compute[2],
     for (int64_t k = 0; k < n_rounds; ++k) {
         const round_t rd = round_of(k);
         const int s = rd.s;
-        const uint32_t round_no = ++r->round_no[s];
         for (int i = 0; i < 2; ++i) {
             ggml_cuda_ce_device & d = r->dev[i];
             ggml_cuda_set_device(d.device);
@@ -535,11 +440,7 @@ static void ggml_cuda_ce_issue(ggml_cuda_ce_router * r, cudaStream_t compute[2],
                 const auto [e0, n] = span(rd, c, c + 1);
                 CUDA_CHECK(cudaMemcpyAsync(d.host_part(s) + e0 * sizeof(uint16_t), d.send_part(s) + e0,
                                            (size_t) n * sizeof(uint16_t), cudaMemcpyDeviceToHost, st));
-                if (memop) {
-                    GGML_CUDA_CE_MEMOP_CHECK(ops.write(st, (CUdeviceptr) d.flag(i, s, c), round_no, CU_STREAM_WRITE_VALUE_DEFAULT));
-                } else {
-                    CUDA_CHECK(cudaEventRecord(d.d2h_ev[s][c], st));
-                }
+                CUDA_CHECK(cudaEventRecord(d.d2h_ev[s][c], st));
             }
             CUDA_CHECK(cudaEventRecord(d.d2h_done[s], st));
         }
@@ -554,11 +455,7 @@ static void ggml_cuda_ce_issue(ggml_cuda_ce_router * r, cudaStream_t compute[2],
                     CUDA_CHECK(cudaEventRecord(d.h2d_ev[s][0], st)); // chunks 0..n-2 are in
                 }
                 const auto [e0, n] = span(rd, c, c + 1);
-                if (memop) {
-                    GGML_CUDA_CE_MEMOP_CHECK(ops.wait(st, (CUdeviceptr) dp.flag(i, s, c), round_no, CU_STREAM_WAIT_VALUE_EQ));
-                } else {
-                    CUDA_CHECK(cudaStreamWaitEvent(st, dp.d2h_ev[s][c], 0));
-                }
+                CUDA_CHECK(cudaStreamWaitEvent(st, dp.d2h_ev[s][c], 0));
                 CUDA_CHECK(cudaMemcpyAsync(d.recv_part(s) + e0, dp.host_part(s) + e0 * sizeof(uint16_t),
                                            (size_t) n * sizeof(uint16_t), cudaMemcpyHostToDevice, st));
             }
@@ -607,9 +504,6 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
     }
     ggml_cuda_ce_issue(r, compute, src, dst, ne);
     g_ce_rounds.fetch_add((uint64_t) ggml_cuda_ce_n_rounds(ne), std::memory_order_relaxed);
-    if (r->signal == GGML_CUDA_CE_SIGNAL_MEMOP) {
-        g_ce_memop_rounds.fetch_add((uint64_t) ggml_cuda_ce_n_rounds(ne), std::memory_order_relaxed);
-    }
     return true;
 }
 
@@ -662,14 +556,6 @@ ggml_cuda_ce_router * ggml_cuda_ce_router_init(
     r->min_bytes  = ggml_cuda_ce_env_min_bytes();
     r->fail_alloc = ggml_cuda_ce_env_fail_alloc();
     r->chunk_bytes = ggml_cuda_ce_env_chunk_bytes();
-    r->signal      = ggml_cuda_ce_env_signal();
-#if GGML_CUDA_CE_SUPPORTED
-    if (r->signal == GGML_CUDA_CE_SIGNAL_MEMOP && ggml_cuda_ce_get_memops().write == nullptr) {
-        GGML_LOG_WARN("%s: GGML_CUDA_AR_CE_SIGNAL=memop: the driver's stream memory operations are not available; "
-                      "using events\n", __func__);
-        r->signal = GGML_CUDA_CE_SIGNAL_EVENT;
-    }
-#endif // GGML_CUDA_CE_SUPPORTED
 
     const int mode = ggml_cuda_ce_env_mode();
     const char * why = nullptr;
