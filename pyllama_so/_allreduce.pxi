@@ -133,9 +133,7 @@ def allreduce_run(a0, a1, int n_iter=1, unsigned int inactive=0, devices=(0, 1),
     n_alt: 0, or the size (1..n) of the odd reductions, which then reduce only their first n_alt
     elements and return the rest of their part unchanged (reductions of alternating sizes).
     """
-    cdef pyllama_so_allreduce_run_t fn = <pyllama_so_allreduce_run_t> _ar_proc(PYLLAMA_SO_AR_RUN_NAME)
-    if fn == NULL:
-        raise LlamaError("allreduce_run needs the CUDA backend (this build has none)")
+    # arguments first, so that bad ones are a ValueError in every build
     if n_iter < 1:
         raise ValueError("n_iter must be >= 1")
     x0 = np.ascontiguousarray(a0, dtype=np.float32).ravel()
@@ -144,6 +142,9 @@ def allreduce_run(a0, a1, int n_iter=1, unsigned int inactive=0, devices=(0, 1),
         raise ValueError("a0 and a1 must have the same size, a multiple of n_iter")
     if n_alt < 0 or n_alt > x0.size // n_iter:
         raise ValueError("n_alt must be 0 or from 1 to the size of one reduction")
+    cdef pyllama_so_allreduce_run_t fn = <pyllama_so_allreduce_run_t> _ar_proc(PYLLAMA_SO_AR_RUN_NAME)
+    if fn == NULL:
+        raise LlamaError("allreduce_run needs the CUDA backend (this build has none)")
     r0 = np.empty_like(x0)
     r1 = np.empty_like(x1)
     cdef float[::1] vx0 = x0
