@@ -13,7 +13,7 @@
 #include <cmath>
 #include <vector>
 
-#if !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA)
+#if GGML_CUDA_CE_SUPPORTED
 
 namespace {
 
@@ -216,9 +216,9 @@ static double ggml_cuda_ce_worst_ms(const int32_t * devices, cudaEvent_t const s
 
 // Both GPUs copy `bytes` device->pinned host and pinned host->device at once, n times: the
 // traffic of a copy-engine AllReduce of that wire size, without any synchronization between GPUs.
-// With GGML_CUDA_AR_CE_CHUNK_BYTES set, each copy is issued as copies of that size, back to back on
-// its stream: the ceiling of that chunk size, which shows the copy engines' own cost per copy.
-static int ggml_cuda_ce_bench_ceiling(ggml_cuda_ce_rig & rig, const int32_t * devices, size_t bytes,
+// With chunk > 0 each copy is issued as copies of that size, back to back on its stream: the
+// ceiling of that chunk size, which shows the copy engines' own cost per copy.
+static int ggml_cuda_ce_bench_ceiling(ggml_cuda_ce_rig & rig, const int32_t * devices, size_t bytes, size_t chunk,
                                       int n_warmup, int n_iter, double * us) {
     struct side {
         cudaStream_t d2h = nullptr, h2d = nullptr;
@@ -228,8 +228,9 @@ static int ggml_cuda_ce_bench_ceiling(ggml_cuda_ce_rig & rig, const int32_t * de
         char *       host_out = nullptr;
         char *       host_in  = nullptr;
     } s[2];
-    const size_t env_chunk = ggml_cuda_ce_env_chunk_bytes();
-    const size_t chunk     = env_chunk != 0 ? env_chunk : std::max<size_t>(bytes, 1);
+    if (chunk == 0) {
+        chunk = bytes;
+    }
     int rc = PYLLAMA_SO_AR_OK;
     for (int i = 0; i < 2 && rc == PYLLAMA_SO_AR_OK; ++i) {
         s[i].src = (char *) rig.dev_alloc(i, bytes);
@@ -351,8 +352,11 @@ int ggml_cuda_ce_bench(const pyllama_so_allreduce_bench_params * p) {
         return rc;
     }
     if (!comm) {
+        // GGML_CUDA_AR_CE_CHUNK_BYTES, as the router reads it: the ceiling issued in chunks of that size
+        const size_t chunk = ggml_cuda_ce_env_chunk_bytes();
         for (int k = 0; k < p->n_sizes && rc == PYLLAMA_SO_AR_OK; ++k) {
-            rc = ggml_cuda_ce_bench_ceiling(rig, p->devices, (size_t) p->n_bytes[k], p->n_warmup, p->n_iter, &p->us_per_iter[k]);
+            rc = ggml_cuda_ce_bench_ceiling(rig, p->devices, (size_t) p->n_bytes[k], chunk, p->n_warmup, p->n_iter,
+                                            &p->us_per_iter[k]);
         }
         return rc;
     }
@@ -419,7 +423,7 @@ int ggml_cuda_ce_bench(const pyllama_so_allreduce_bench_params * p) {
     return rc;
 }
 
-#else // GGML_USE_HIP || GGML_USE_MUSA
+#else // !GGML_CUDA_CE_SUPPORTED
 
 int ggml_cuda_ce_run(const pyllama_so_allreduce_run_params *) {
     return PYLLAMA_SO_AR_EUNSUPPORTED;
@@ -429,4 +433,4 @@ int ggml_cuda_ce_bench(const pyllama_so_allreduce_bench_params *) {
     return PYLLAMA_SO_AR_EUNSUPPORTED;
 }
 
-#endif // !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA)
+#endif // GGML_CUDA_CE_SUPPORTED

@@ -16,7 +16,6 @@
 #include "pyllama-so-allreduce.h"
 
 #include "ggml-backend.h"
-#include "ggml-cuda.h"
 #include "ggml-impl.h"
 
 #include <algorithm>
@@ -68,23 +67,10 @@ static void ggml_cuda_ce_stats_reset(void) {
 // ---------------------------------------------------------------------------------------------
 
 static constexpr size_t GGML_CUDA_CE_CHUNK_BYTES_MIN   = 64 * 1024;       // GGML_CUDA_AR_CE_CHUNK_BYTES range
-static constexpr size_t GGML_CUDA_CE_CHUNK_SMALL      = 1024 * 1024;     // automatic chunk size below ...
-static constexpr size_t GGML_CUDA_CE_CHUNK_LARGE_FROM  = 8 * 1024 * 1024; // ... this many BF16 bytes,
-static constexpr size_t GGML_CUDA_CE_CHUNK_LARGE       = 2 * 1024 * 1024; // and from there on
 static constexpr int    GGML_CUDA_CE_N_SLOTS           = 2;
 static constexpr size_t GGML_CUDA_CE_SLOT_BYTES        = 4 * 1024 * 1024; // BF16 bytes per slot and direction
 static constexpr int    GGML_CUDA_CE_SLOT_CHUNKS       = (int) (GGML_CUDA_CE_SLOT_BYTES / GGML_CUDA_CE_CHUNK_BYTES_MIN);
-static constexpr int64_t GGML_CUDA_CE_SLOT_ELEMS       = (int64_t) (GGML_CUDA_CE_SLOT_BYTES / sizeof(uint16_t));
-static constexpr size_t GGML_CUDA_CE_VRAM_BYTES        = 2 * GGML_CUDA_CE_N_SLOTS * GGML_CUDA_CE_SLOT_BYTES; // send + recv: 16 MiB
-static constexpr size_t GGML_CUDA_CE_HOST_BYTES        = GGML_CUDA_CE_N_SLOTS * GGML_CUDA_CE_SLOT_BYTES;     // 8 MiB
 static constexpr size_t GGML_CUDA_CE_MIN_BYTES_DEFAULT = 512 * 1024;
-
-static_assert(GGML_CUDA_CE_SLOT_BYTES % GGML_CUDA_CE_CHUNK_LARGE == 0, "a slot must hold whole chunks");
-
-// Slot-sized rounds of a reduction of ne elements.
-static int64_t ggml_cuda_ce_n_rounds(const int64_t ne) {
-    return (ne + GGML_CUDA_CE_SLOT_ELEMS - 1) / GGML_CUDA_CE_SLOT_ELEMS;
-}
 
 // GGML_CUDA_AR_CE: -1 auto (unset), 0 off, 1 force.
 static int ggml_cuda_ce_env_mode() {
@@ -152,18 +138,6 @@ size_t ggml_cuda_ce_env_chunk_bytes() {
     return (size_t) v.value;
 }
 
-// Bytes per copy for a reduction of `wire_bytes` (BF16). Receiving starts one chunk after sending,
-// so small chunks shorten that lag; but each chunk also costs about 5 µs of GPU time (an event hop
-// between the GPUs) and four API calls per GPU, and below 4 MiB a reduction is bound by the host
-// time to issue it. In the chunk-size sweeps on H200 (docs/benchmarks.md), 1 MiB chunks below 8 MiB
-// and 2 MiB from 8 MiB were the fastest fixed size at each size, or within a few percent of it.
-static size_t ggml_cuda_ce_chunk_bytes(const size_t fixed, const size_t wire_bytes) {
-    if (fixed != 0) {
-        return fixed;
-    }
-    return wire_bytes >= GGML_CUDA_CE_CHUNK_LARGE_FROM ? GGML_CUDA_CE_CHUNK_LARGE : GGML_CUDA_CE_CHUNK_SMALL;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Copy-engine transfer (CUDA only)
 // ---------------------------------------------------------------------------------------------
@@ -229,9 +203,33 @@ struct ggml_cuda_ce_router {
     bool capture_logged = false;
 };
 
-#if !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA)
+#if GGML_CUDA_CE_SUPPORTED
 
-#define GGML_CUDA_CE_SUPPORTED 1
+static constexpr size_t  GGML_CUDA_CE_CHUNK_SMALL      = 1024 * 1024;     // automatic chunk size below ...
+static constexpr size_t  GGML_CUDA_CE_CHUNK_LARGE_FROM = 8 * 1024 * 1024; // ... this many BF16 bytes,
+static constexpr size_t  GGML_CUDA_CE_CHUNK_LARGE      = 2 * 1024 * 1024; // and from there on
+static constexpr int64_t GGML_CUDA_CE_SLOT_ELEMS       = (int64_t) (GGML_CUDA_CE_SLOT_BYTES / sizeof(uint16_t));
+static constexpr size_t  GGML_CUDA_CE_VRAM_BYTES       = 2 * GGML_CUDA_CE_N_SLOTS * GGML_CUDA_CE_SLOT_BYTES; // send + recv: 16 MiB
+static constexpr size_t  GGML_CUDA_CE_HOST_BYTES       = GGML_CUDA_CE_N_SLOTS * GGML_CUDA_CE_SLOT_BYTES;     // 8 MiB
+
+static_assert(GGML_CUDA_CE_SLOT_BYTES % GGML_CUDA_CE_CHUNK_LARGE == 0, "a slot must hold whole chunks");
+
+// Slot-sized rounds of a reduction of ne elements.
+static int64_t ggml_cuda_ce_n_rounds(const int64_t ne) {
+    return (ne + GGML_CUDA_CE_SLOT_ELEMS - 1) / GGML_CUDA_CE_SLOT_ELEMS;
+}
+
+// Bytes per copy for a reduction of `wire_bytes` (BF16). Receiving starts one chunk after sending,
+// so small chunks shorten that lag; but each copy also costs the copy engines about 4-5 µs (the
+// ceiling issued in chunks shows it without any synchronization) and four API calls per GPU. In the
+// chunk-size sweeps on H200 (docs/benchmarks.md), 1 MiB chunks below 8 MiB and 2 MiB from 8 MiB were
+// the fastest fixed size at each size, or within a few percent of it.
+static size_t ggml_cuda_ce_chunk_bytes(const size_t fixed, const size_t wire_bytes) {
+    if (fixed != 0) {
+        return fixed;
+    }
+    return wire_bytes >= GGML_CUDA_CE_CHUNK_LARGE_FROM ? GGML_CUDA_CE_CHUNK_LARGE : GGML_CUDA_CE_CHUNK_SMALL;
+}
 
 // Round to nearest even, NaN kept quiet; integer arithmetic so that -use_fast_math cannot change it.
 static __device__ __forceinline__ uint16_t ggml_cuda_ce_f32_to_bf16(const float x) {
@@ -507,9 +505,7 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
     return true;
 }
 
-#else // GGML_USE_HIP || GGML_USE_MUSA
-
-#define GGML_CUDA_CE_SUPPORTED 0
+#else // !GGML_CUDA_CE_SUPPORTED
 
 static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router *) {
 }
@@ -518,7 +514,7 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router *, ggml_tensor **) {
     return false;
 }
 
-#endif // !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA)
+#endif // GGML_CUDA_CE_SUPPORTED
 
 // ---------------------------------------------------------------------------------------------
 // Router (all platforms)
@@ -599,7 +595,7 @@ void ggml_cuda_ce_router_free(ggml_cuda_ce_router * r) {
 
 // F32, same shape, contiguous, on both devices: what the copy engines take.
 static bool ggml_cuda_ce_eligible(const ggml_cuda_ce_router * r, ggml_tensor ** tensors) {
-    if (r->n_backends != 2 || tensors[0] == nullptr || tensors[1] == nullptr) {
+    if (tensors[0] == nullptr || tensors[1] == nullptr) {
         return false;
     }
     const int64_t ne = ggml_nelements(tensors[0]);

@@ -10,6 +10,13 @@
 
 #include <cstddef>
 
+// The copy-engine path is CUDA only; HIP and MUSA builds get stubs that decline every reduction.
+#if !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA)
+#define GGML_CUDA_CE_SUPPORTED 1
+#else
+#define GGML_CUDA_CE_SUPPORTED 0
+#endif
+
 struct ggml_backend_cuda_comm_context; // ggml-cuda.cu
 
 // One reduction path of the comm context (upstream's NCCL or internal-pipeline function); returns
