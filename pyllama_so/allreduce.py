@@ -20,7 +20,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 from pyllama_so import _llama
@@ -125,6 +127,17 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
 def _check_int(name: str, value: object) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise TypeError(f"{name} must be int or None, not {type(value).__name__}")
+
+
+@contextlib.contextmanager
+def environ(changes: dict[str, str | None]) -> Iterator[None]:
+    """Set (or remove, for None) the variables for the duration, then restore what was there."""
+    saved = {k: os.environ.get(k) for k in changes}
+    try:
+        set_env(changes)
+        yield
+    finally:
+        set_env(saved)
 
 
 def set_env(values: dict[str, str | None]) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pyllama_so.bench.allreduce import cuda_devices
+from pyllama_so.bench.allreduce import cuda_devices, two_cuda_gpus
+
+__all__ = ["cuda_device_count", "two_cuda_gpus"]
 
 
 def cuda_device_count() -> int:

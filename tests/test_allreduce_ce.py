@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_devices import cuda_device_count
+from cuda_devices import two_cuda_gpus
 
 import pyllama_so
 from pyllama_so import Llama, _llama, allreduce
@@ -26,8 +26,7 @@ KNOBS = (allreduce.ENV_ALLREDUCE, allreduce.ENV_CE, allreduce.ENV_CE_MIN_BYTES, 
          "GGML_CUDA_AR_CE_FAIL_ALLOC")
 
 
-needs_two_gpus = pytest.mark.skipif(
-    not _llama.allreduce_available() or cuda_device_count() < 2, reason="needs a CUDA build and 2 CUDA devices")
+needs_two_gpus = pytest.mark.skipif(not two_cuda_gpus(), reason="needs a CUDA build and 2 CUDA devices")
 
 
 @pytest.fixture
@@ -92,8 +91,8 @@ def special_data(n: int, seed: int) -> np.ndarray:
 
 
 def force_ce(knobs: pytest.MonkeyPatch) -> None:
-    knobs.setenv("GGML_CUDA_AR_CE", "1")
-    knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", "1")
+    """Every reduction through the copy engines (the knobs fixture restores the variables)."""
+    allreduce.configure_allreduce(copy_engines=True, min_bytes=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,12 +347,9 @@ def test_greedy_tokens_equal_on_every_path(knobs: pytest.MonkeyPatch, tiny_model
     defaults (the counters prove which path ran)."""
     base = "nccl" if "NCCL" in pyllama_so.build_info()["compiled_backends"] else "internal"
     runs = {}
-    for name, env in {"ce": {"GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_MIN_BYTES": "1"},
-                      "nccl": {"GGML_CUDA_AR_CE": "0"}, "default": {}}.items():
-        for k in KNOBS:
-            knobs.delenv(k, raising=False)
-        for k, v in env.items():
-            knobs.setenv(k, v)
+    for name, knob_args in {"ce": {"copy_engines": True, "min_bytes": 1}, "nccl": {"copy_engines": False},
+                            "default": {}}.items():
+        allreduce.configure_allreduce(**knob_args)  # sets or removes every copy-engine knob
         allreduce.reset_allreduce_stats()
         with Llama(tiny_model, split_mode="tensor", n_ctx=256, flash_attn=True) as llm:
             runs[name] = list(llm.generate(llm.tokenize("abc"), max_tokens=24, temperature=0.0, stop_on_eog=False))

@@ -113,6 +113,6 @@ def test_llama_tensor_split_on_virtual_devices(tiny_model: Path) -> None:
     archs.ensure_virtual_devices()
     # llama.cpp's tensor split spans every device whose buffer type is not the CPU's, in registry
     # order (GPUs first); this splits over CPUV0 and CPUV1 only (on a GPU host, the GPUs get 0)
-    gpu_names = [d["name"] for d in pyllama_so.devices() if d["type"] in ("gpu", "igpu")]
+    gpu_names = [d["name"] for d in pyllama_so.devices() if archs._is_gpu(d)]
     got = logits(split_mode="tensor", tensor_split=[float(n in ("CPUV0", "CPUV1")) for n in gpu_names])
     assert archs.nmse(ref, got) < archs.NMSE_MAX

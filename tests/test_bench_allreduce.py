@@ -8,12 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
-from cuda_devices import cuda_device_count
+from cuda_devices import two_cuda_gpus
 
-from pyllama_so import _llama
 from pyllama_so.bench import allreduce as ar
 
-two_gpus = _llama.allreduce_available() and cuda_device_count() >= 2
+two_gpus = two_cuda_gpus()
 
 
 @pytest.mark.parametrize("text, want", [("512K", 512 << 10), ("2M", 2 << 20), ("2MiB", 2 << 20), ("1024", 1024),
@@ -33,7 +32,7 @@ def test_sweep_paths_set_only_the_chunk_size() -> None:
     assert name in ar.SWEEP_PATHS
     env, counter = ar.PATHS[name]
     assert counter == "ce"
-    assert env["GGML_CUDA_AR_CE_CHUNK_BYTES"] == str(1 << 20)
+    assert env == {**ar.PATHS["ce"][0], "GGML_CUDA_AR_CE_CHUNK_BYTES": str(1 << 20)}
     assert env["GGML_CUDA_AR_CE"] == "1" and env["GGML_CUDA_AR_CE_MIN_BYTES"] == "1"
     # the default copy-engine path leaves the chunk size automatic
     assert ar.PATHS["ce"][0]["GGML_CUDA_AR_CE_CHUNK_BYTES"] is None

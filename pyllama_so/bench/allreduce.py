@@ -27,17 +27,15 @@ another one is reported as such.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from pyllama_so import _llama
 from pyllama_so import args as A
-from pyllama_so.allreduce import (ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES,
-                                  set_env)
+from pyllama_so.allreduce import ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES, environ
 
 DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 
@@ -75,16 +73,6 @@ def fmt_size(n: int) -> str:
         if n >= 1 << shift and n % (1 << shift) == 0:
             return f"{n >> shift} {unit}"
     return f"{n} B"
-
-
-@contextlib.contextmanager
-def environ(changes: dict[str, str | None]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in changes}
-    try:
-        set_env(changes)
-        yield
-    finally:
-        set_env(saved)
 
 
 def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int]) -> dict[str, object]:
@@ -133,6 +121,11 @@ def cuda_devices() -> list[dict[str, object]]:
     return [d for d in _llama.devices() if d["backend"] == "CUDA"]
 
 
+def two_cuda_gpus() -> bool:
+    """What the benchmark (and the GPU tests of the AllReduce paths) need: CUDA and two devices."""
+    return bool(_llama.allreduce_available()) and len(cuda_devices()) >= 2
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
     cuda = cuda_devices()  # the C side takes CUDA device indices, so args.devices index this list
     results: dict[str, dict[str, object]] = {}
@@ -155,9 +148,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             continue
         res["algbw_gbs"] = [s / (t * 1e-6) / 1e9 if t > 0 else None for s, t in zip(args.sizes, us)]
         if ceiling:
-            res["ratio_to_ceiling"] = [c / t if t > 0 else None for c, t in zip(ceiling, us)]
+            res["ratio_to_ceiling"] = _ratios(ceiling, us)
             if "queued_us" in res:
-                res["queued_ratio_to_ceiling"] = [c / t if t else None for c, t in zip(ceiling, res["queued_us"])]
+                res["queued_ratio_to_ceiling"] = _ratios(ceiling, res["queued_us"])
     return {
         "benchmark": "allreduce",
         "payload": "bf16 bytes crossing between the GPUs; the reduced F32 tensor is twice as large",
@@ -167,6 +160,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "devices": [cuda[i] for i in args.devices if i < len(cuda)] or list(args.devices),
         "results": results,
     }
+
+
+def _ratios(ceiling: Sequence[float], times: Sequence[float | None]) -> list[float | None]:
+    """Ceiling time / time per size; None where a time is missing or zero."""
+    return [c / t if t else None for c, t in zip(ceiling, times)]
 
 
 def print_table(report: dict[str, object]) -> None:
@@ -215,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(time_path(args.worker, args.sizes, args.warmup, args.iters, args.devices)))
         return 0
 
-    if not _llama.allreduce_available() or len(cuda_devices()) < 2:
+    if not two_cuda_gpus():
         msg = "skipped: needs a CUDA build and two CUDA devices"
         print(msg)
         write_json(args.json, {"benchmark": "allreduce", "skipped": msg})
