@@ -56,7 +56,7 @@ def test_default_subset_runs_tensor_split_on_virtual_devices() -> None:
     """The Meta rows over 2 and 3 virtual devices exist, so tensor split is tested without a GPU."""
     metas = [c for c in CONFIGS if c.tensor and not c.gpu]
     assert [len(c.devices) for c in metas] == [2, 3]
-    assert archs._llama.arch_flags("llama")["sm_tensor"]
+    assert archs.testing.arch_flags("llama")["sm_tensor"]
 
 
 @pytest.mark.parametrize("n_devices", [2, 3])
@@ -93,7 +93,7 @@ def test_cli_fails_on_broken_event_wait(monkeypatch: pytest.MonkeyPatch, capsys:
 
 
 def test_arch_list_matches_upstream_exclusions() -> None:
-    names = archs._llama.arch_names()
+    names = archs.testing.arch_names()
     assert "llama" in names and "mamba" in names
     for excluded in ("gemma4", "eagle3"):
         assert excluded not in names

@@ -113,3 +113,23 @@ def test_version_attribute() -> None:
     """The version is pyproject's, or the marker of a source tree that was never installed."""
     declared = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
     assert pyllama_so.__version__ in (declared, "0+unknown")
+
+
+def test_shipped_libraries_carry_no_test_fixtures() -> None:
+    from pyllama_so import _llama, testing
+
+    pkg = Path(_llama.__file__).parent
+    libs = sorted(pkg.glob("lib*.so"))
+    assert any(lib.name == "libllama.so" for lib in libs)
+    for lib in libs:
+        assert b"pyllama_so_arch_" not in lib.read_bytes(), f"{lib.name} carries the arch fixtures"
+    fixtures = Path(testing._fixtures.__file__).parent / "libpyllama-so-testing.so"
+    assert b"pyllama_so_arch_count" in fixtures.read_bytes()
+
+
+def test_the_installed_package_runs_from_the_repository_root() -> None:
+    # no source folder in the root may hide the installed package (and its compiled modules)
+    out = subprocess.run([sys.executable, "-c", "import pyllama_so._llama, pyllama_so.testing; print('ok')"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert not (REPO / "pyllama_so").exists()

@@ -49,7 +49,7 @@ def test_unknown_split_mode(tiny_model: Path, mode: object) -> None:
 
 
 def test_tensor_split_longer_than_devices(tiny_model: Path) -> None:
-    n = max(1, _llama._gpu_device_count())
+    n = max(1, _llama.gpu_device_count())
     with pytest.raises(ValueError, match="tensor_split"):
         Llama(tiny_model, tensor_split=[1.0] * (n + 1))
     with pytest.raises(ValueError, match="tensor_split"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pyllama_so import Llama, synth
-from pyllama_so._llama import Model
+from pyllama_so import testing
 from pyllama_so.gguf_writer import GGML_TYPES
 
 
@@ -127,7 +127,7 @@ def test_random_weight_model_without_a_file() -> None:
     from pyllama_so._llama import Context
 
     def logits(seed: int) -> np.ndarray:
-        m = Model.from_metadata(kv, types, seed=seed, stdev=0.05)
+        m = testing.random_model(kv, types, seed=seed, stdev=0.05)
         ctx = Context(m, n_ctx=64)
         out = ctx.decode(m.tokenize("hello"), all_logits=True)
         ctx.free()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pyllama_so import _llama
+from pyllama_so import _llama, testing
 
 NMSE_MAX = 1e-4
 N_TOKENS = 128
@@ -116,7 +116,7 @@ def _is_gpu(dev: dict) -> bool:
 
 def variants(arch: str) -> list[bool]:
     """The MoE flags upstream tests for an architecture: False (dense) and/or True (MoE)."""
-    f = _llama.arch_flags(arch)
+    f = testing.arch_flags(arch)
     return [moe for moe in (False, True) if (not moe or f["moe"]) and (moe or not f["moe_mandatory"])]
 
 
@@ -125,7 +125,7 @@ def cases(archs: Iterable[str]) -> list[tuple[str, bool]]:
 
 
 def select_archs(regex: str | None = None) -> list[str]:
-    names = _llama.arch_names()
+    names = testing.arch_names()
     if regex is None:
         return names
     if regex in names:
@@ -153,7 +153,7 @@ class Runner:
         self._cpu: dict[tuple[str, bool], np.ndarray | Exception] = {}  # a failure is kept too: no rebuild per row
 
     def _model(self, arch: str, moe: bool, devices: Sequence[str], split_mode: str) -> _llama.Model:
-        return _llama.arch_model(arch, moe, resolve(devices), split_mode, seed=self.seed, stdev=self.stdev,
+        return testing.arch_model(arch, moe, resolve(devices), split_mode, seed=self.seed, stdev=self.stdev,
                                  drop_keys=_DROP_KEYS.get(arch, ()))
 
     def _context(self, model: _llama.Model, encode: bool) -> _llama.Context:
@@ -163,7 +163,7 @@ class Runner:
     def _logits(self, model: _llama.Model, encode: bool) -> np.ndarray:
         ctx = self._context(model, encode)
         try:
-            return _llama.arch_logits(ctx, self.tokens, encode)
+            return testing.arch_logits(ctx, self.tokens, encode)
         finally:
             ctx.free()
 
@@ -194,7 +194,7 @@ class Runner:
         return row
 
     def _run(self, row: Row, cfg: DeviceConfig) -> None:
-        f = _llama.arch_flags(row.arch)
+        f = testing.arch_flags(row.arch)
         if not f["supported"]:
             row.skip_reason = "unsupported by upstream's test"
             return
@@ -208,10 +208,10 @@ class Runner:
         try:
             ctx = self._context(model, encode)
             try:
-                logits = _llama.arch_logits(ctx, self.tokens, encode)
+                logits = testing.arch_logits(ctx, self.tokens, encode)
                 row.nmse = nmse(ref, logits)
                 row.nmse_status = "OK" if row.nmse <= NMSE_MAX else "FAIL"
-                if row.nmse_status == "OK" and not encode and not _llama.arch_causal_toggle_ok(ctx, self.tokens):
+                if row.nmse_status == "OK" and not encode and not testing.arch_causal_toggle_ok(ctx, self.tokens):
                     row.nmse_status = "FAIL (toggle)"
             finally:
                 ctx.free()
@@ -226,8 +226,8 @@ class Runner:
     def _roundtrip_equal(self, model: _llama.Model, cfg: DeviceConfig, encode: bool, logits: np.ndarray) -> bool:
         with tempfile.TemporaryDirectory(prefix="pyllama_so-archs-") as tmp:
             path = os.path.join(tmp, "model.gguf")
-            _llama.arch_model_save(model, path)
-            loaded = _llama.arch_model_load(path, resolve(cfg.devices), cfg.split_mode)
+            testing.arch_model_save(model, path)
+            loaded = testing.arch_model_load(path, resolve(cfg.devices), cfg.split_mode)
             try:
                 again = self._logits(loaded, encode)
             finally:

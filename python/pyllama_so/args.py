@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from collections.abc import Callable
 from typing import TypeVar
@@ -12,9 +11,6 @@ from pyllama_so import _llama
 
 T = TypeVar("T")
 
-SPLIT_MODES = tuple(_llama.SPLIT_MODES)
-FLASH_ATTN = {"0": "off", "off": "off", "false": "off", "1": "on", "on": "on", "true": "on", "auto": "auto"}
-CACHE_TYPES = tuple(_llama.CACHE_TYPES)
 BOOL = {"0": False, "off": False, "false": False, "no": False, "1": True, "on": True, "true": True, "yes": True}
 
 
@@ -59,14 +55,23 @@ def gpu_layers(text: str) -> int:
     return non_negative_int(text)
 
 
-def choice(options: dict[str, str] | tuple[str, ...], what: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        key = text.lower()
-        if key not in options:
-            raise argparse.ArgumentTypeError(f"unknown {what} {text!r}; expected one of {', '.join(options)}")
-        return options[key] if isinstance(options, dict) else key
+def rule(check: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type from one of the bindings' value rules (_llama.split_mode_name, ...): the
+    command line accepts exactly what Llama accepts."""
 
+    def parse(text: str) -> T:
+        try:
+            return check(text)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = getattr(check, "__name__", "value")  # argparse names the type in its messages
     return parse
+
+
+split_mode = rule(_llama.split_mode_name)
+flash_attn = rule(_llama.flash_attn_name)
+cache_type = rule(_llama.cache_type_name)
 
 
 def boolean(text: str) -> bool:
@@ -77,14 +82,15 @@ def boolean(text: str) -> bool:
 
 
 def tensor_split(text: str) -> tuple[float, ...]:
-    """-ts: proportions per device separated by '/', e.g. 1/1 or 3/1."""
+    """-ts: proportions per device separated by '/', e.g. 1/1 or 3/1 (checked as Llama checks them)."""
     try:
-        values = tuple(float(v) for v in text.split("/"))
+        values = [float(v) for v in text.split("/")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad tensor split {text!r}; expected e.g. 1/1") from None
-    if not all(math.isfinite(v) and v >= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"tensor split proportions must be finite and >= 0: {text!r}")
-    return values
+    try:
+        return tuple(_llama.check_tensor_split(values))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def pp_tg_pair(text: str) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 #pragma once
 
 // Fixtures for the per-architecture tests (tests/test_archs.py, python -m pyllama_so.archs),
-// equivalent to upstream's tests/test-llama-archs.cpp.
+// equivalent to upstream's tests/test-llama-archs.cpp. Test harness only: built into
+// libpyllama-so-testing, never into libllama.
 
 #include "llama.h"
 
@@ -23,12 +24,12 @@ enum pyllama_so_arch_flag {
 };
 
 // architectures in upstream's table (excluded ones left out), in upstream's order
-LLAMA_API size_t       pyllama_so_arch_count(void);
-LLAMA_API const char * pyllama_so_arch_name(size_t i);
-LLAMA_API uint32_t     pyllama_so_arch_flags(const char * arch);
+size_t       pyllama_so_arch_count(void);
+const char * pyllama_so_arch_name(size_t i);
+uint32_t     pyllama_so_arch_flags(const char * arch);
 
 // GGUF metadata of a tiny model of this architecture; free with gguf_free; NULL for an unknown name
-LLAMA_API struct gguf_context * pyllama_so_arch_metadata(const char * arch, bool moe);
+struct gguf_context * pyllama_so_arch_metadata(const char * arch, bool moe);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,9 @@
 // Per-architecture test fixtures for the pytest equivalent of upstream's tests/test-llama-archs.cpp:
 // the list of architectures, which of them are tested how (the same skips as upstream), GGUF
-// metadata of a tiny model for each. The random weights come from the bindings (_fill_random in
-// pyllama_so/_llama.pyx), as for every random-weight model.
+// metadata of a tiny model for each. The random weights come from the test harness's bindings
+// (_fill_random in python/pyllama_so/testing/_fixtures.pyx), as for every random-weight model.
 
-#include "pyllama-so-archs.h"
+#include "arch-fixtures.h"
 
 #include "ggml.h"
 #include "gguf.h"

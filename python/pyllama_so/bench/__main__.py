@@ -58,16 +58,16 @@ def parser() -> argparse.ArgumentParser:
                     default=env("UBATCH", d.n_ubatch))
     ap.add_argument("-ngl", "--n-gpu-layers", type=A.comma_list(A.gpu_layers),
                     default=env("N_GPU_LAYERS", d.n_gpu_layers))
-    ap.add_argument("-sm", "--split-mode", type=A.comma_list(A.choice(A.SPLIT_MODES, "split mode")),
+    ap.add_argument("-sm", "--split-mode", type=A.comma_list(A.split_mode),
                     default=env("SPLIT_MODE", d.split_mode))
     ap.add_argument("-mg", "--main-gpu", type=A.comma_list(A.non_negative_int), default=d.main_gpu)
     ap.add_argument("-ts", "--tensor-split", type=A.comma_list(A.tensor_split), default=None,
                     help="e.g. 1/1 (proportions per device), comma list for several")
-    ap.add_argument("-fa", "--flash-attn", type=A.comma_list(A.choice(A.FLASH_ATTN, "flash-attn value")),
+    ap.add_argument("-fa", "--flash-attn", type=A.comma_list(A.flash_attn),
                     default=env("FLASH_ATTN", d.flash_attn))
-    ap.add_argument("-ctk", "--cache-type-k", type=A.comma_list(A.choice(A.CACHE_TYPES, "cache type")),
+    ap.add_argument("-ctk", "--cache-type-k", type=A.comma_list(A.cache_type),
                     default=env("CACHE_TYPE_K", d.type_k))
-    ap.add_argument("-ctv", "--cache-type-v", type=A.comma_list(A.choice(A.CACHE_TYPES, "cache type")),
+    ap.add_argument("-ctv", "--cache-type-v", type=A.comma_list(A.cache_type),
                     default=env("CACHE_TYPE_V", d.type_v))
     ap.add_argument("-t", "--threads", type=A.comma_list(A.positive_int),
                     default=A.env_default("THREADS", str(default_threads())))

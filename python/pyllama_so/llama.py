@@ -20,40 +20,6 @@ from pyllama_so._llama import ContextFullError, ModelLoadError
 from pyllama_so.sampling import SamplingParams, sample
 
 _GGUF_MAGIC = b"GGUF"
-_GGML_TYPE_IDS = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 30: "bf16"}
-
-
-def _split_mode_name(split_mode: str | int) -> str:
-    names = list(_llama.SPLIT_MODES)
-    if isinstance(split_mode, bool):
-        raise TypeError("split_mode must be a name or an int, not a bool")
-    if isinstance(split_mode, int):
-        if not 0 <= split_mode < len(names):
-            raise ValueError(f"unknown split_mode {split_mode}; expected 0..{len(names) - 1} or one of {names}")
-        return names[split_mode]
-    if split_mode not in _llama.SPLIT_MODES:
-        raise ValueError(f"unknown split_mode {split_mode!r}; expected one of {names}")
-    return split_mode
-
-
-def _flash_attn_name(flash_attn: str | bool | None) -> str:
-    if flash_attn is None:
-        return "auto"
-    if isinstance(flash_attn, bool):
-        return "on" if flash_attn else "off"
-    if flash_attn not in _llama.FLASH_ATTN:
-        raise ValueError(f"unknown flash_attn {flash_attn!r}; expected a bool or one of {list(_llama.FLASH_ATTN)}")
-    return flash_attn
-
-
-def _cache_type_name(name: str, value: str | int) -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value not in _GGML_TYPE_IDS:
-            raise ValueError(f"unsupported {name} ggml type id {value}")
-        value = _GGML_TYPE_IDS[value]
-    if value not in _llama.CACHE_TYPES:
-        raise ValueError(f"unknown {name} {value!r}; expected one of {list(_llama.CACHE_TYPES)}")
-    return value
 
 
 def _check_gguf_file(path: Path) -> None:
@@ -65,16 +31,6 @@ def _check_gguf_file(path: Path) -> None:
         magic = f.read(4)
     if magic != _GGUF_MAGIC:
         raise ModelLoadError(f"not a GGUF file (magic {magic!r}): {path}")
-
-
-def _validate_tensor_split(tensor_split: Sequence[float] | None) -> list[float] | None:
-    if tensor_split is None:
-        return None
-    values = _llama._check_tensor_split(tensor_split)
-    n_dev = max(1, _llama._gpu_device_count())
-    if len(values) > n_dev:
-        raise ValueError(f"tensor_split has {len(values)} entries but there are {n_dev} device(s)")
-    return values
 
 
 def _utf8_prefix(data: bytes) -> str:
@@ -114,17 +70,14 @@ class Llama:
         self._model: _llama.Model | None = None
         self._ctx: _llama.Context | None = None
         path = Path(os.fspath(model_path))
-        mode = _split_mode_name(split_mode)
-        fa = _flash_attn_name(flash_attn)
-        tk, tv = _cache_type_name("type_k", type_k), _cache_type_name("type_v", type_v)
-        split = _validate_tensor_split(tensor_split)
+        mode = _llama.split_mode_name(split_mode)
+        fa = _llama.flash_attn_name(flash_attn)
+        tk, tv = _llama.cache_type_name(type_k, "type_k"), _llama.cache_type_name(type_v, "type_v")
+        split = None if tensor_split is None else _llama.check_tensor_split(tensor_split)
         if n_ctx < 0:
             raise ValueError(f"n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
-        if n_batch < 1 or n_ubatch < 1:
-            raise ValueError(f"n_batch and n_ubatch must be >= 1, got {n_batch} and {n_ubatch}")
-        if n_ubatch > n_batch:
-            raise ValueError(f"n_ubatch ({n_ubatch}) must not exceed n_batch ({n_batch})")
-        n_gpus = _llama._gpu_device_count()
+        _llama.check_batch_sizes(n_batch, n_ubatch)
+        n_gpus = _llama.gpu_device_count()
         if n_gpus and not 0 <= main_gpu < n_gpus:
             raise ValueError(f"main_gpu {main_gpu} out of range: {n_gpus} GPU device(s)")
         if not isinstance(split_overlap, bool):

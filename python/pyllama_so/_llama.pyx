@@ -46,16 +46,21 @@ FLASH_ATTN = {"auto": LLAMA_FLASH_ATTN_TYPE_AUTO, "off": LLAMA_FLASH_ATTN_TYPE_D
               "on": LLAMA_FLASH_ATTN_TYPE_ENABLED}
 CACHE_TYPES = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16, "bf16": GGML_TYPE_BF16, "q8_0": GGML_TYPE_Q8_0,
                "q4_0": GGML_TYPE_Q4_0, "q4_1": GGML_TYPE_Q4_1, "q5_0": GGML_TYPE_Q5_0, "q5_1": GGML_TYPE_Q5_1}
-_WEIGHT_TYPES = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16, "bf16": GGML_TYPE_BF16}
 
 
 # ---------------------------------------------------------------------------------------------
 # logging: llama.cpp logs from any thread, so the callback touches no Python object.
 
+cdef extern from *:
+    """
+    // The last error line llama.cpp logged on this thread: decodes run without the GIL, so two
+    // threads must not read each other's message.
+    static thread_local char pyllama_so_last_error[1024];
+    """
+    char _last_error "pyllama_so_last_error"[1024]
+
 cdef int _log_threshold = GGML_LOG_LEVEL_WARN
 cdef bint _log_last_shown = False
-cdef char _last_error[1024]
-_last_error[0] = 0
 
 cdef void _log_callback(ggml_log_level level, const char * text, void * user_data) noexcept nogil:
     global _log_last_shown
@@ -86,6 +91,7 @@ def set_log_level(str level):
 
 
 cdef str _take_last_error():
+    """The calling thread's last logged error (empty if none), cleared."""
     msg = (<bytes> _last_error).decode("utf-8", "replace").strip()
     _last_error[0] = 0
     return msg
@@ -169,18 +175,95 @@ def backends():
     return out
 
 
-def _gpu_device_count():
+def gpu_device_count():
+    """GPU devices (integrated ones included) that llama.cpp sees."""
     return sum(1 for d in devices() if d["type"] in ("gpu", "igpu"))
 
 
-def _check_tensor_split(tensor_split):
-    """tensor_split as floats: at most llama_max_devices() entries, each finite and >= 0."""
-    values = [float(v) for v in tensor_split]
-    if len(values) > llama_max_devices():
-        raise ValueError(f"tensor_split has {len(values)} entries; llama.cpp takes at most {llama_max_devices()}")
+def cpu_virtual_devices(int n):
+    """Make n CPU virtual devices (named CPUV0..) if none exist yet; return how many exist.
+
+    They let llama.cpp's tensor split run without a GPU. GGML_CPU_VIRTUAL_DEVICES=N creates them at
+    start-up instead. See ggml/include/ggml-cpu-virtual.h.
+    """
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    return ggml_backend_cpu_virtual_init(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# the rules for parameter values: the one place that checks them (Llama, the argument parser and
+# the bench call these)
+
+_FLASH_ATTN_ALIASES = {"0": "off", "false": "off", "disabled": "off", "1": "on", "true": "on", "enabled": "on"}
+
+
+def split_mode_name(value):
+    """A split mode as its name: a name ("none", "layer", "row", "tensor") or llama.cpp's enum value."""
+    names = list(SPLIT_MODES)
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f"split_mode must be a name or an int, not {type(value).__name__}")
+    if isinstance(value, int):
+        if not 0 <= value < len(names):
+            raise ValueError(f"unknown split_mode {value}; expected 0..{len(names) - 1} or one of {names}")
+        return names[value]
+    if value.lower() not in SPLIT_MODES:
+        raise ValueError(f"unknown split_mode {value!r}; expected one of {names}")
+    return value.lower()
+
+
+def flash_attn_name(value):
+    """Flash attention as "auto", "on" or "off": a bool, None (auto), or a name or 0/1."""
+    if value is None:
+        return "auto"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str):
+        key = _FLASH_ATTN_ALIASES.get(value.lower(), value.lower())
+        if key in FLASH_ATTN:
+            return key
+    raise ValueError(f"unknown flash_attn {value!r}; expected a bool or one of {list(FLASH_ATTN) + list(_FLASH_ATTN_ALIASES)}")
+
+
+def cache_type_name(value, str what="cache type"):
+    """A KV-cache type as its ggml name ("f16", "q8_0", ...): a name or a ggml_type id."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        name = (<bytes> ggml_type_name(<ggml_type> value)).decode() if 0 <= value < GGML_TYPE_COUNT else ""
+        if name not in CACHE_TYPES:
+            raise ValueError(f"unsupported {what}: ggml type id {value}" + (f" ({name})" if name else ""))
+        return name
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a ggml type name or id, not {type(value).__name__}")
+    if value.lower() not in CACHE_TYPES:
+        raise ValueError(f"unknown {what} {value!r}; expected one of {list(CACHE_TYPES)}")
+    return value.lower()
+
+
+def check_tensor_split(tensor_split, n_devices=None):
+    """tensor_split as a list of floats: finite, >= 0, not all 0, at most n_devices entries (default:
+    the GPU devices there are, or 1 without GPUs; never more than llama.cpp's maximum)."""
+    try:
+        values = [float(v) for v in tensor_split]
+    except (TypeError, ValueError):
+        raise TypeError(f"tensor_split must be a sequence of numbers, got {tensor_split!r}") from None
+    if not values:
+        raise ValueError("tensor_split is empty")
     if not all(math.isfinite(v) and v >= 0 for v in values):
         raise ValueError(f"tensor_split entries must be finite and >= 0: {values}")
+    if not any(values):
+        raise ValueError(f"tensor_split entries are all 0: {values}")
+    limit = min(llama_max_devices(), max(1, gpu_device_count()) if n_devices is None else n_devices)
+    if len(values) > limit:
+        raise ValueError(f"tensor_split has {len(values)} entries but there are {limit} device(s)")
     return values
+
+
+def check_batch_sizes(n_batch, n_ubatch):
+    """n_batch and n_ubatch: both >= 1, and n_ubatch <= n_batch."""
+    if n_batch < 1 or n_ubatch < 1:
+        raise ValueError(f"n_batch and n_ubatch must be >= 1, got {n_batch} and {n_ubatch}")
+    if n_ubatch > n_batch:
+        raise ValueError(f"n_ubatch ({n_ubatch}) must not exceed n_batch ({n_batch})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,134 +274,18 @@ cdef cbool _silent_progress(float progress, void * user_data) noexcept nogil:
 
 
 cdef cbool _python_progress(float progress, void * user_data) noexcept nogil:
+    """user_data is a list [callback, exception]: an exception cancels the load and is kept for the caller."""
     with gil:
+        state = <list> user_data
         try:
-            return bool((<object> user_data)(progress))
-        except BaseException:
+            return bool(state[0](progress))
+        except BaseException as e:
+            state[1] = e
             return False
-
-
-cdef struct _RandomInit:
-    uint64_t seed
-    float stdev
-    int failed
-
-
-cdef inline uint64_t _splitmix64(uint64_t * state) noexcept nogil:
-    state[0] += 0x9E3779B97F4A7C15ULL
-    cdef uint64_t z = state[0]
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
-    return z ^ (z >> 31)
-
-
-cdef inline double _uniform01(uint64_t * state) noexcept nogil:
-    return ((_splitmix64(state) >> 11) + 0.5) * (1.0 / 9007199254740992.0)
-
-
-cdef void _fill_random(ggml_tensor * tensor, void * userdata) noexcept nogil:
-    """Normal(0, stdev) weights, a pure function of (seed, tensor name): reproducible on any device.
-
-    Mamba's A (ssm_a) is made negative: it is a state decay.
-    """
-    cdef _RandomInit * p = <_RandomInit *> userdata
-    cdef bint negative = strstr(tensor.name, "ssm_a") != NULL
-    cdef uint64_t state = p.seed
-    cdef size_t k = 0
-    while tensor.name[k] != 0:                      # FNV-1a of the name, mixed into the seed
-        state = (state ^ <unsigned char> tensor.name[k]) * 0x100000001B3ULL
-        k += 1
-    cdef int64_t n = ggml_nelements(tensor), i
-    cdef float * f32 = <float *> malloc(n * sizeof(float))
-    cdef void * out = NULL
-    cdef double u1, u2
-    if f32 == NULL:
-        p.failed = 1
-        return
-    for i in range(n):
-        u1 = _uniform01(&state)
-        u2 = _uniform01(&state)
-        f32[i] = <float> (p.stdev * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2))
-        if negative:
-            f32[i] = -fabs(f32[i])
-    if tensor.type == GGML_TYPE_F32:
-        ggml_backend_tensor_set(tensor, f32, 0, ggml_nbytes(tensor))
-    elif tensor.type == GGML_TYPE_F16 or tensor.type == GGML_TYPE_BF16:
-        out = malloc(n * sizeof(uint16_t))
-        if out == NULL:
-            p.failed = 1
-        else:
-            if tensor.type == GGML_TYPE_F16:
-                ggml_fp32_to_fp16_row(f32, <ggml_fp16_t *> out, n)
-            else:
-                ggml_fp32_to_bf16_row(f32, <ggml_bf16_t *> out, n)
-            ggml_backend_tensor_set(tensor, out, 0, ggml_nbytes(tensor))
-            free(out)
-    else:
-        p.failed = 2
-    free(f32)
-
-
-cdef gguf_context * _gguf_from_dict(dict kv, dict tensor_types) except NULL:
-    cdef gguf_context * g = gguf_init_empty()
-    cdef ggml_tensor t
-    cdef const char ** strs = NULL
-    cdef int32_t[::1] i32
-    cdef float[::1] f32
-    try:
-        for key, val in kv.items():
-            bkey = key.encode()
-            if isinstance(val, bool):
-                gguf_set_val_bool(g, bkey, val)
-            elif isinstance(val, int):
-                if val < 0:
-                    gguf_set_val_i32(g, bkey, val)
-                else:
-                    gguf_set_val_u32(g, bkey, val)
-            elif isinstance(val, float):
-                gguf_set_val_f32(g, bkey, val)
-            elif isinstance(val, str):
-                gguf_set_val_str(g, bkey, val.encode())
-            elif isinstance(val, (list, tuple)) and val and all(isinstance(v, str) for v in val):
-                items = [v.encode() for v in val]
-                strs = <const char **> malloc(len(items) * sizeof(char *))
-                for j, b in enumerate(items):
-                    strs[j] = b
-                gguf_set_arr_str(g, bkey, strs, len(items))
-                free(strs)
-                strs = NULL
-            elif isinstance(val, (list, tuple, np.ndarray)) and len(val) and all(isinstance(v, (int, np.integer)) for v in val):
-                i32 = np.ascontiguousarray(val, dtype=np.int32)
-                gguf_set_arr_data(g, bkey, GGUF_TYPE_INT32, &i32[0], i32.shape[0])
-            elif isinstance(val, (list, tuple, np.ndarray)) and len(val):
-                f32 = np.ascontiguousarray(val, dtype=np.float32)
-                gguf_set_arr_data(g, bkey, GGUF_TYPE_FLOAT32, &f32[0], f32.shape[0])
-            else:
-                raise TypeError(f"metadata value for {key!r} has an unsupported type: {type(val).__name__}")
-        for name, tname in (tensor_types or {}).items():
-            if tname not in _WEIGHT_TYPES:
-                raise ValueError(f"tensor type {tname!r} for {name!r}: expected one of {sorted(_WEIGHT_TYPES)}")
-            bname = name.encode()
-            if len(bname) >= 64:
-                raise ValueError(f"tensor name too long: {name!r}")
-            memset(&t, 0, sizeof(t))
-            t.type = _WEIGHT_TYPES[tname]
-            strncpy(t.name, bname, 63)
-            gguf_add_tensor(g, &t)
-    except BaseException:
-        free(strs)
-        gguf_free(g)
-        raise
-    return g
 
 
 cdef class Model:
     """A loaded llama_model. Free it with free() (idempotent) after every Context on it is freed."""
-
-    cdef llama_model * ptr
-    cdef const llama_vocab * vocab
-    cdef int live_contexts
-    cdef readonly object path
 
     def __dealloc__(self):
         if self.ptr != NULL and self.live_contexts == 0:
@@ -326,34 +293,37 @@ cdef class Model:
             self.ptr = NULL
 
     @staticmethod
-    cdef llama_model_params _params(int n_gpu_layers, str split_mode, int main_gpu, float * split_buf,
+    cdef llama_model_params _params(int n_gpu_layers, object split_mode, int main_gpu, float * split_buf,
                                     object tensor_split, bint use_mmap) except *:
         cdef llama_model_params p = llama_model_default_params()
-        if split_mode not in SPLIT_MODES:
-            raise ValueError(f"unknown split_mode {split_mode!r}; expected one of {list(SPLIT_MODES)}")
         p.n_gpu_layers = n_gpu_layers
-        p.split_mode = SPLIT_MODES[split_mode]
+        p.split_mode = SPLIT_MODES[split_mode_name(split_mode)]
         p.main_gpu = main_gpu
         p.load_mode = LLAMA_LOAD_MODE_AUTO if use_mmap else LLAMA_LOAD_MODE_NONE
         p.progress_callback = _silent_progress
         if tensor_split is not None:
-            for i, v in enumerate(_check_tensor_split(tensor_split)):  # split_buf has llama_max_devices() entries
+            for i, v in enumerate(check_tensor_split(tensor_split)):  # split_buf has llama_max_devices() entries
                 split_buf[i] = v
             p.tensor_split = split_buf
         return p
 
     @staticmethod
-    def load(path, *, int n_gpu_layers=-1, str split_mode="layer", int main_gpu=0, tensor_split=None,
+    def load(path, *, int n_gpu_layers=-1, split_mode="layer", int main_gpu=0, tensor_split=None,
              bint use_mmap=True, progress=None):
         """Load a GGUF file. Raises ModelLoadError for a file llama.cpp cannot load (Llama checks that it exists)."""
         cdef float * split_buf = <float *> calloc(llama_max_devices(), sizeof(float))
         cdef llama_model_params p
+        progress_state = [progress, None]
         try:
             p = Model._params(n_gpu_layers, split_mode, main_gpu, split_buf, tensor_split, use_mmap)
             if progress is not None:
                 p.progress_callback = _python_progress
-                p.progress_callback_user_data = <void *> progress
+                p.progress_callback_user_data = <void *> progress_state
             return Model._load(path, p)
+        except ModelLoadError:
+            if progress_state[1] is not None:  # the callback raised: that is the error, not the cancel
+                raise progress_state[1]
+            raise
         finally:
             free(split_buf)
 
@@ -372,43 +342,12 @@ cdef class Model:
         return self
 
     @staticmethod
-    def from_metadata(dict kv, dict tensor_types=None, *, uint64_t seed=42, float stdev=0.1,
-                      int n_gpu_layers=-1, str split_mode="layer", int main_gpu=0, tensor_split=None):
-        """A random-weight model made by llama_model_init_from_user from GGUF metadata (no file).
-
-        Tensors are F32 unless tensor_types maps their names to "f16"/"bf16". Weights are normal with
-        the given stdev, a pure function of (seed, tensor name).
-        """
-        cdef float * split_buf = <float *> calloc(llama_max_devices(), sizeof(float))
-        cdef gguf_context * g = NULL
-        cdef llama_model_params p
-        try:
-            p = Model._params(n_gpu_layers, split_mode, main_gpu, split_buf, tensor_split, True)
-            g = _gguf_from_dict(kv, tensor_types or {})
-            return Model._random(g, p, seed, stdev, "Model.from_metadata")
-        finally:
-            free(split_buf)
-            if g != NULL:
-                gguf_free(g)
-
-    @staticmethod
-    cdef Model _random(gguf_context * g, llama_model_params p, uint64_t seed, float stdev, str what):
-        """The model that metadata g describes, with _fill_random weights; `what` prefixes errors."""
+    cdef Model _adopt(llama_model * ptr, path):
+        """A Model owning ptr (not NULL): freed with the Model."""
         cdef Model self = Model.__new__(Model)
-        cdef _RandomInit init
-        init.seed = seed
-        init.stdev = stdev
-        init.failed = 0
-        _take_last_error()
-        with nogil:
-            self.ptr = llama_model_init_from_user(g, _fill_random, &init, p)
-        _null_check(self.ptr, ModelLoadError, f"{what}: llama_model_init_from_user failed")
-        if init.failed:
-            llama_model_free(self.ptr)
-            self.ptr = NULL
-            raise ModelLoadError(f"{what}: could not initialise the tensors (out of memory or unsupported type)")
-        self.vocab = llama_model_get_vocab(self.ptr)
-        self.path = None
+        self.ptr = ptr
+        self.vocab = llama_model_get_vocab(ptr)
+        self.path = None if path is None else str(path)
         return self
 
     cdef void _check_open(self) except *:
@@ -551,13 +490,6 @@ cdef class Model:
 cdef class Context:
     """A llama_context on a Model, with one reusable batch. Free with free() (idempotent)."""
 
-    cdef llama_context * ptr
-    cdef readonly Model model
-    cdef llama_batch batch
-    cdef int32_t batch_cap
-    cdef int32_t n_last_outputs
-    cdef uint64_t rng
-
     cdef void _fill_batch(self, const int32_t[::1] toks, int32_t start, int32_t n, llama_pos pos0,
                           int32_t seq_id, bint all_logits, int32_t last):
         """Tokens [start, start + n) of toks into the batch, at positions pos0 + index in one sequence;
@@ -576,14 +508,10 @@ cdef class Context:
         self.batch_cap = 0
 
     def __init__(self, Model model, *, int n_ctx=0, int n_batch=2048, int n_ubatch=512, int n_seq_max=1,
-                 int n_threads=-1, int n_threads_batch=-1, str flash_attn="auto", str type_k="f16",
-                 str type_v="f16", bint offload_kqv=True, bint op_offload=True):
+                 int n_threads=-1, int n_threads_batch=-1, flash_attn="auto", type_k="f16",
+                 type_v="f16", bint offload_kqv=True, bint op_offload=True):
         model._check_open()
-        if flash_attn not in FLASH_ATTN:
-            raise ValueError(f"unknown flash_attn {flash_attn!r}; expected one of {list(FLASH_ATTN)}")
-        for name, t in (("type_k", type_k), ("type_v", type_v)):
-            if t not in CACHE_TYPES:
-                raise ValueError(f"unknown {name} {t!r}; expected one of {list(CACHE_TYPES)}")
+        check_batch_sizes(n_batch, n_ubatch)
         cdef llama_context_params p = llama_context_default_params()
         p.n_ctx = n_ctx
         p.n_batch = n_batch
@@ -595,9 +523,9 @@ cdef class Context:
             p.n_threads_batch = n_threads_batch
         elif n_threads > 0:
             p.n_threads_batch = n_threads
-        p.flash_attn_type = FLASH_ATTN[flash_attn]
-        p.type_k = CACHE_TYPES[type_k]
-        p.type_v = CACHE_TYPES[type_v]
+        p.flash_attn_type = FLASH_ATTN[flash_attn_name(flash_attn)]
+        p.type_k = CACHE_TYPES[cache_type_name(type_k, "type_k")]
+        p.type_v = CACHE_TYPES[cache_type_name(type_v, "type_v")]
         p.offload_kqv = offload_kqv
         p.op_offload = op_offload
         p.no_perf = True
@@ -725,7 +653,7 @@ cdef class Context:
 
     # -- benchmark loops: the same calls as upstream's llama-bench, with no Python in between --
 
-    cdef inline llama_token _rand_token(self, int32_t n_vocab) noexcept nogil:
+    cdef llama_token _rand_token(self, int32_t n_vocab) noexcept nogil:
         self.rng ^= self.rng << 13
         self.rng ^= self.rng >> 7
         self.rng ^= self.rng << 17
@@ -779,4 +707,3 @@ cdef class Context:
         _check_decode(rc, "generation run")
 
 include "_allreduce.pxi"
-include "_archs.pxi"

@@ -1,6 +1,7 @@
 # cython: language_level=3
-# Declarations of the parts of llama.h (and the ggml/gguf headers it includes) that the bindings use.
-# A signature that drifts upstream fails the Cython/C++ compile, not an import at run time.
+# Declarations of the parts of llama.h (and the ggml/gguf headers it includes) that the bindings use,
+# and of the bindings' own classes, so that the test harness's module (testing/_fixtures.pyx) can
+# cimport them. A signature that drifts upstream fails the Cython/C++ compile, not an import at run time.
 
 from libcpp cimport bool as cbool
 from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
@@ -222,3 +223,47 @@ cdef extern from "llama.h" nogil:
                                  int32_t lstrip, bint special)
     int32_t llama_detokenize(const llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens, char * text,
                              int32_t text_len_max, bint remove_special, bint unparse_special)
+
+
+cdef extern from "ggml-cpu-virtual.h" nogil:
+    size_t ggml_backend_cpu_virtual_init(size_t n)
+
+
+# ---------------------------------------------------------------------------------------------
+# the bindings' classes and error helpers (defined in _llama.pyx)
+
+cdef str _take_last_error()
+cdef _check_decode(int rc, str what, str call=*)
+cdef _null_check(const void * ptr, exc_type, str what)
+
+
+cdef class Model:
+    cdef llama_model * ptr
+    cdef const llama_vocab * vocab
+    cdef int live_contexts
+    cdef readonly object path
+
+    @staticmethod
+    cdef llama_model_params _params(int n_gpu_layers, object split_mode, int main_gpu, float * split_buf,
+                                    object tensor_split, bint use_mmap) except *
+    @staticmethod
+    cdef Model _load(path, llama_model_params p)
+    @staticmethod
+    cdef Model _adopt(llama_model * ptr, path)
+    cdef void _check_open(self) except *
+    cdef int32_t[::1] _tokens(self, tokens)
+
+
+cdef class Context:
+    cdef llama_context * ptr
+    cdef readonly Model model
+    cdef llama_batch batch
+    cdef int32_t batch_cap
+    cdef int32_t n_last_outputs
+    cdef uint64_t rng
+
+    cdef void _fill_batch(self, const int32_t[::1] toks, int32_t start, int32_t n, llama_pos pos0,
+                          int32_t seq_id, bint all_logits, int32_t last)
+    cdef void _release(self) noexcept
+    cdef void _check_open(self) except *
+    cdef llama_token _rand_token(self, int32_t n_vocab) noexcept nogil

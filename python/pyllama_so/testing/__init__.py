@@ -1,0 +1,28 @@
+"""Test harness: random-weight models and the per-architecture fixtures of upstream's test-llama-archs.
+
+Shipped so that the suites (tests/, `python -m pyllama_so.archs`) run against an installed package;
+not part of the inference API. The native fixtures live in libpyllama-so-testing, beside this module,
+never in libllama or libggml.
+"""
+
+from pyllama_so.testing._fixtures import (
+    arch_causal_toggle_ok,
+    arch_flags,
+    arch_logits,
+    arch_model,
+    arch_model_load,
+    arch_model_save,
+    arch_names,
+    random_model,
+)
+
+__all__ = [
+    "arch_causal_toggle_ok",
+    "arch_flags",
+    "arch_logits",
+    "arch_model",
+    "arch_model_load",
+    "arch_model_save",
+    "arch_names",
+    "random_model",
+]
