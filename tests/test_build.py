@@ -76,6 +76,40 @@ def test_fetch_rejects_a_wrong_checksum(tmp_path: Path) -> None:
     assert not (tmp_path / "tree").exists()
 
 
+def test_a_local_tree_is_copied_and_never_modified(tmp_path: Path) -> None:
+    src = tmp_path / "checkout"
+    for rel, text in {"include/llama.h": "h", "src/a.cpp": "int a;", "tools/server/s.cpp": "s",
+                      ".git/HEAD": "ref"}.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    dest = tmp_path / "build" / "llama.cpp"
+    cmd = [sys.executable, str(REPO / "scripts" / "fetch-upstream"), "--from-tree", str(src), "--dest", str(dest)]
+
+    def copy() -> None:
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+    copy()
+    assert (dest / "src" / "a.cpp").read_text() == "int a;"
+    assert not (dest / "tools" / "server").exists() and not (dest / ".git").exists()
+    (dest / "src" / "a.cpp").write_text("int a; // patched")  # what the patch applier does to the copy
+    copy()
+    assert (dest / "src" / "a.cpp").read_text() == "int a; // patched"  # unchanged source: copy kept
+    (src / "src" / "a.cpp").write_text("int a2;")  # the user edits the checkout
+    (src / "src" / "b.cpp").write_text("int b;")
+    (src / "include" / "llama.h").unlink()
+    (src / "include" / "llama.h").write_text("h")
+    copy()
+    assert (dest / "src" / "a.cpp").read_text() == "int a2;"
+    assert (dest / "src" / "b.cpp").read_text() == "int b;"
+    (src / "src" / "b.cpp").unlink()
+    copy()
+    assert not (dest / "src" / "b.cpp").exists()
+    assert sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file()) == \
+        [".git/HEAD", "include/llama.h", "src/a.cpp", "tools/server/s.cpp"]
+    inside = subprocess.run(cmd[:-1] + [str(src / "build")], capture_output=True, text=True)
+    assert inside.returncode != 0 and "outside the checkout" in inside.stderr
+
+
 APPLY = """
 include("{repo}/cmake/apply-patches.cmake")
 pyllama_so_apply_patches("{tree}" "{patches}")
@@ -133,3 +167,15 @@ def test_the_installed_package_runs_from_the_repository_root() -> None:
                          cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
     assert not (REPO / "pyllama_so").exists()
+
+
+def test_ci_runs_both_readme_commands_literally() -> None:
+    readme = (REPO / "README.md").read_text()
+    setup = readme[readme.index("## Set up"):]
+    setup = setup[:setup.index("\n## ", 1)]
+    commands = re.findall(r"```sh\n(.+?)\n```", setup)
+    assert len(commands) == 2, commands  # one installs and runs the main job, one installs and runs the tests
+    assert "pyllama_so.bench" in commands[0] and "pytest" in commands[1]
+    ci_lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    for command in commands:
+        assert command in ci_lines, f"{command!r} is not run by .ci/run"
