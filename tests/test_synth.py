@@ -91,9 +91,9 @@ def test_no_tensor_is_all_zeros_or_a_copy(tiny_model: Path) -> None:
             seen.add(chunk)
 
 
-def test_shapes_have_the_baseline_sizes() -> None:
+def test_shapes_have_the_documented_sizes() -> None:
     n = {name: sum(t.n_elements for t in synth.tensors(s, "f16")) for name, s in synth.SHAPES.items()}
-    # shared/BASELINE.md: the 8B F16 synthetic model is 15.26 GiB
+    # docs/benchmarks.md: the 8B F16 synthetic model is 15.26 GiB
     assert abs(n["qwen3-8b"] * 2 / 2**30 - 15.26) < 0.01
     assert 32e9 < n["qwen3-32b"] < 33.5e9
 
