@@ -167,6 +167,7 @@ cdef extern from "llama.h" nogil:
         bint offload_kqv
         bint no_perf
         bint op_offload
+        bint split_overlap
 
     const char * llama_version()
     llama_model_params llama_model_default_params()
@@ -227,6 +228,22 @@ cdef extern from "llama.h" nogil:
 
 cdef extern from "ggml-cpu-virtual.h" nogil:
     size_t ggml_backend_cpu_virtual_init(size_t n)
+
+
+cdef extern from "pyllama-so-split-overlap.h" nogil:
+    enum:
+        LLAMA_SPLIT_OVERLAP_MIN_TOKENS
+    struct llama_split_overlap_stats:
+        size_t size
+        int32_t enabled
+        int32_t reason
+        int32_t next_lane
+        uint64_t ubatches[2]
+        uint64_t graph_builds[2]
+        uint64_t waits[2]
+        uint64_t records[2]
+    bint llama_split_overlap_get_stats(const llama_context * ctx, llama_split_overlap_stats * stats)
+    const char * llama_split_overlap_reason_str(int32_t reason)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -509,7 +509,7 @@ cdef class Context:
 
     def __init__(self, Model model, *, int n_ctx=0, int n_batch=2048, int n_ubatch=512, int n_seq_max=1,
                  int n_threads=-1, int n_threads_batch=-1, flash_attn="auto", type_k="f16",
-                 type_v="f16", bint offload_kqv=True, bint op_offload=True):
+                 type_v="f16", bint offload_kqv=True, bint op_offload=True, bint split_overlap=False):
         model._check_open()
         check_batch_sizes(n_batch, n_ubatch)
         cdef llama_context_params p = llama_context_default_params()
@@ -528,6 +528,7 @@ cdef class Context:
         p.type_v = CACHE_TYPES[cache_type_name(type_v, "type_v")]
         p.offload_kqv = offload_kqv
         p.op_offload = op_offload
+        p.split_overlap = split_overlap
         p.no_perf = True
         _take_last_error()
         with nogil:
@@ -639,6 +640,24 @@ cdef class Context:
             self.n_last_outputs = row
             done += chunk
         return out
+
+    def split_overlap_stats(self):
+        """What split overlap did in this context: whether the two lanes exist (else why not), the lane
+        of the next large ubatch, and per lane the ubatches, graph builds, cross-lane waits and records."""
+        self._check_open()
+        cdef llama_split_overlap_stats st
+        st.size = sizeof(llama_split_overlap_stats)
+        if not llama_split_overlap_get_stats(self.ptr, &st):
+            raise LlamaError("llama_split_overlap_get_stats failed")
+        return {
+            "enabled": bool(st.enabled),
+            "reason": (<bytes> llama_split_overlap_reason_str(st.reason)).decode(),
+            "next_lane": st.next_lane,
+            "ubatches": [st.ubatches[0], st.ubatches[1]],
+            "graph_builds": [st.graph_builds[0], st.graph_builds[1]],
+            "waits": [st.waits[0], st.waits[1]],
+            "records": [st.records[0], st.records[1]],
+        }
 
     def logits_view(self, int i=-1):
         """Zero-copy view of output i of the last llama_decode; valid until the next decode."""

@@ -1,0 +1,41 @@
+#pragma once
+
+// Internal interface between upstream's Meta backend (ggml-backend-meta.cpp, patches/0003-*) and the
+// split-overlap lanes (ggml-backend-meta-lanes.cpp). Public API: ggml/include/ggml-backend-meta-lanes.h.
+
+#include "ggml-backend.h"
+
+#include <cstddef>
+
+#define GGML_BACKEND_META_MAX_LANES 2
+
+struct ggml_backend_meta_lanes;
+
+// The lane the calling thread works for: selects a Meta buffer's view containers. 0 outside any scope,
+// so code that knows nothing of lanes behaves as upstream.
+int ggml_backend_meta_lane_current(void);
+int ggml_backend_meta_lane_set(int lane); // returns the previous lane
+
+struct ggml_backend_meta_lane_scope {
+    int prev;
+    explicit ggml_backend_meta_lane_scope(int lane) : prev(ggml_backend_meta_lane_set(lane)) {}
+    ~ggml_backend_meta_lane_scope() { ggml_backend_meta_lane_set(prev); }
+    ggml_backend_meta_lane_scope(const ggml_backend_meta_lane_scope &) = delete;
+    ggml_backend_meta_lane_scope & operator=(const ggml_backend_meta_lane_scope &) = delete;
+};
+
+// The lane of the first Meta backend in a scheduler's backend list (0 when none is linked).
+int ggml_backend_meta_lanes_sched_lane(ggml_backend_t * backends, int n_backends);
+
+// Implemented in ggml-backend-meta.cpp: the lane fields of a Meta backend's context.
+void                      ggml_backend_meta_lanes_attach(ggml_backend_t meta_backend, ggml_backend_meta_lanes * lanes, int lane);
+ggml_backend_meta_lanes * ggml_backend_meta_lanes_get   (ggml_backend_t meta_backend, int * lane);
+
+// Hooks called by ggml_backend_meta_graph_compute for a linked backend.
+void ggml_backend_meta_lanes_on_rebuild     (ggml_backend_meta_lanes * lanes, int lane, const struct ggml_cgraph * cgraph,
+                                             const int * offsets, size_t n_subgraphs);
+void ggml_backend_meta_lanes_before_subgraph(ggml_backend_meta_lanes * lanes, int lane, size_t i_subgraph, size_t j_device,
+                                             ggml_backend_t simple_backend);
+void ggml_backend_meta_lanes_after_subgraph (ggml_backend_meta_lanes * lanes, int lane, size_t i_subgraph, size_t j_device,
+                                             ggml_backend_t simple_backend);
+void ggml_backend_meta_lanes_detach         (ggml_backend_meta_lanes * lanes, int lane);

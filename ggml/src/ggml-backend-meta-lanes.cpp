@@ -1,0 +1,289 @@
+// Split-overlap lanes of the Meta backend: cross-lane ordering that follows the state tensors.
+// See ggml/include/ggml-backend-meta-lanes.h for the contract and ggml-backend-meta-lanes-impl.h for the
+// hooks that patches/0003-* adds to upstream's ggml-backend-meta.cpp.
+//
+// All bookkeeping runs on the thread that drives the two lanes (llama.cpp's one-thread-per-context
+// rule), so it needs no lock. Every wait targets a record the host issued earlier, so waits follow host
+// issue order and cannot form a cycle.
+
+#include "ggml-backend-meta-lanes.h"
+#include "ggml-backend-meta-lanes-impl.h"
+
+#include "ggml-backend-impl.h"
+#include "ggml-impl.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+static thread_local int g_lane_current = 0;
+
+int ggml_backend_meta_lane_current(void) {
+    return g_lane_current;
+}
+
+int ggml_backend_meta_lane_set(int lane) {
+    GGML_ASSERT(lane >= 0 && lane < GGML_BACKEND_META_MAX_LANES);
+    const int prev = g_lane_current;
+    g_lane_current = lane;
+    return prev;
+}
+
+enum lanes_test_mode {
+    LANES_TEST_NONE,
+    LANES_TEST_NOWAIT,     // test only: no cross-lane waits
+    LANES_TEST_SAME_INDEX, // test only: wait only for the other lane's subgraph of the same index
+};
+
+namespace {
+
+struct lane_record {
+    ggml_backend_event_t event;
+    uint64_t             seq; // position of the record on its lane's stream of that device (1, 2, ...)
+};
+
+struct lane_state {
+    ggml_backend_t meta = nullptr; // nullptr once the backend is freed
+
+    std::vector<std::vector<const ggml_tensor *>> roots; // per subgraph of the lane's current graph
+
+    // per device
+    std::vector<std::vector<ggml_backend_event_t>>                    events;    // [subgraph index], made on first use
+    std::vector<std::vector<uint64_t>>                                index_seq; // [subgraph index]: seq of its last record
+    std::vector<uint64_t>                                             seq;       // records issued so far
+    std::vector<std::unordered_map<const ggml_tensor *, lane_record>> last;      // state root -> last record touching it
+    std::vector<uint64_t>                                             waited;    // highest seq of the other lane waited for
+
+    ggml_backend_meta_lanes_stats stats = {};
+
+    void free_events() {
+        for (auto & evs : events) {
+            for (ggml_backend_event_t ev : evs) {
+                if (ev != nullptr) {
+                    ggml_backend_event_free(ev);
+                }
+            }
+            evs.clear();
+        }
+        for (auto & m : last) {
+            m.clear();
+        }
+    }
+};
+
+} // namespace
+
+struct ggml_backend_meta_lanes {
+    size_t          n_devs = 0;
+    lanes_test_mode mode   = LANES_TEST_NONE;
+    lane_state      lane[GGML_BACKEND_META_MAX_LANES];
+};
+
+static bool is_state_root(const ggml_tensor * t) {
+    // KV cache and recurrent state: Meta buffers that are neither weights nor compute buffers
+    return t != nullptr && t->buffer != nullptr && ggml_backend_buffer_is_meta(t->buffer) &&
+        ggml_backend_buffer_get_usage(t->buffer) == GGML_BACKEND_BUFFER_USAGE_ANY;
+}
+
+static const ggml_tensor * root_of(const ggml_tensor * t) {
+    return t->view_src != nullptr ? t->view_src : t; // ggml keeps view_src pointing at the root
+}
+
+void ggml_backend_meta_lanes_on_rebuild(ggml_backend_meta_lanes * lanes, int lane, const ggml_cgraph * cgraph,
+                                        const int * offsets, size_t n_subgraphs) {
+    lane_state & ls = lanes->lane[lane];
+    ls.roots.assign(n_subgraphs, {});
+    for (size_t k = 0; k < n_subgraphs; k++) {
+        const int i_stop = k + 1 < n_subgraphs ? offsets[k + 1] : ggml_graph_n_nodes(const_cast<ggml_cgraph *>(cgraph));
+        std::vector<const ggml_tensor *> & roots = ls.roots[k];
+        for (int i = offsets[k]; i < i_stop; i++) {
+            const ggml_tensor * node = ggml_graph_node(const_cast<ggml_cgraph *>(cgraph), i);
+            const ggml_tensor * root = root_of(node);
+            if (is_state_root(root)) {
+                roots.push_back(root);
+            }
+            for (int s = 0; s < GGML_MAX_SRC; s++) {
+                if (node->src[s] != nullptr && is_state_root(root_of(node->src[s]))) {
+                    roots.push_back(root_of(node->src[s]));
+                }
+            }
+        }
+        std::sort(roots.begin(), roots.end());
+        roots.erase(std::unique(roots.begin(), roots.end()), roots.end());
+        ls.stats.state_subgraphs += roots.empty() ? 0 : 1;
+    }
+    for (size_t j = 0; j < lanes->n_devs; j++) {
+        if (ls.events[j].size() < n_subgraphs) {
+            ls.events[j].resize(n_subgraphs, nullptr);
+            ls.index_seq[j].resize(n_subgraphs, 0);
+        }
+    }
+    ls.stats.rebuilds++;
+}
+
+void ggml_backend_meta_lanes_before_subgraph(ggml_backend_meta_lanes * lanes, int lane, size_t i_subgraph, size_t j_device,
+                                             ggml_backend_t simple_backend) {
+    lane_state & self  = lanes->lane[lane];
+    lane_state & other = lanes->lane[lane ^ 1];
+    if (i_subgraph >= self.roots.size() || self.roots[i_subgraph].empty() || other.meta == nullptr ||
+            lanes->mode == LANES_TEST_NOWAIT) {
+        return;
+    }
+    lane_record best = { nullptr, 0 };
+    if (lanes->mode == LANES_TEST_SAME_INDEX) {
+        if (i_subgraph < other.events[j_device].size() && other.events[j_device][i_subgraph] != nullptr) {
+            best = { other.events[j_device][i_subgraph], other.index_seq[j_device][i_subgraph] };
+        }
+    } else {
+        // the other lane's stream on this device runs in order: its latest relevant record covers the rest
+        const auto & last = other.last[j_device];
+        for (const ggml_tensor * root : self.roots[i_subgraph]) {
+            const auto it = last.find(root);
+            if (it != last.end() && it->second.seq > best.seq) {
+                best = it->second;
+            }
+        }
+    }
+    if (best.event == nullptr) {
+        return;
+    }
+    if (best.seq <= self.waited[j_device]) {
+        self.stats.waits_skipped++;
+        return;
+    }
+    ggml_backend_event_wait(simple_backend, best.event);
+    self.waited[j_device] = best.seq;
+    self.stats.waits++;
+}
+
+void ggml_backend_meta_lanes_after_subgraph(ggml_backend_meta_lanes * lanes, int lane, size_t i_subgraph, size_t j_device,
+                                            ggml_backend_t simple_backend) {
+    lane_state & self = lanes->lane[lane];
+    if (i_subgraph >= self.roots.size() || self.roots[i_subgraph].empty()) {
+        return;
+    }
+    ggml_backend_event_t & ev = self.events[j_device][i_subgraph];
+    if (ev == nullptr) {
+        ev = ggml_backend_event_new(ggml_backend_get_device(simple_backend));
+        GGML_ASSERT(ev != nullptr); // share_lanes checked that the device has events
+    }
+    ggml_backend_event_record(ev, simple_backend);
+    const uint64_t seq = ++self.seq[j_device];
+    self.index_seq[j_device][i_subgraph] = seq;
+    for (const ggml_tensor * root : self.roots[i_subgraph]) {
+        self.last[j_device][root] = { ev, seq };
+    }
+    self.stats.records++;
+}
+
+void ggml_backend_meta_lanes_detach(ggml_backend_meta_lanes * lanes, int lane) {
+    lanes->lane[lane].free_events();
+    lanes->lane[lane].meta = nullptr;
+    bool any = false;
+    for (const lane_state & ls : lanes->lane) {
+        any = any || ls.meta != nullptr;
+    }
+    if (!any) {
+        delete lanes;
+    }
+}
+
+int ggml_backend_meta_lanes_sched_lane(ggml_backend_t * backends, int n_backends) {
+    for (int i = 0; i < n_backends; i++) {
+        if (ggml_backend_is_meta(backends[i])) {
+            int lane = 0;
+            return ggml_backend_meta_lanes_get(backends[i], &lane) != nullptr ? lane : 0;
+        }
+    }
+    return 0;
+}
+
+static bool devices_have_events(ggml_backend_t meta) {
+    for (size_t j = 0; j < ggml_backend_meta_n_backends(meta); j++) {
+        ggml_backend_dev_t dev = ggml_backend_get_device(ggml_backend_meta_simple_backend(meta, j));
+        ggml_backend_dev_props props;
+        ggml_backend_dev_get_props(dev, &props);
+        if (!props.caps.events) {
+            return false;
+        }
+        ggml_backend_event_t probe = ggml_backend_event_new(dev);
+        if (probe == nullptr) {
+            return false;
+        }
+        ggml_backend_event_free(probe);
+    }
+    return true;
+}
+
+bool ggml_backend_meta_share_lanes(ggml_backend_t a, ggml_backend_t b) {
+    if (!ggml_backend_is_meta(a) || !ggml_backend_is_meta(b) || a == b) {
+        GGML_LOG_WARN("%s: lanes need two distinct Meta backends\n", __func__);
+        return false;
+    }
+    if (ggml_backend_meta_lanes_get(a, nullptr) != nullptr || ggml_backend_meta_lanes_get(b, nullptr) != nullptr) {
+        GGML_LOG_WARN("%s: a backend is already linked to another lane\n", __func__);
+        return false;
+    }
+    const size_t n_devs = ggml_backend_meta_n_backends(a);
+    bool same_devices = n_devs == ggml_backend_meta_n_backends(b);
+    for (size_t j = 0; same_devices && j < n_devs; j++) {
+        same_devices = ggml_backend_get_device(ggml_backend_meta_simple_backend(a, j)) ==
+                       ggml_backend_get_device(ggml_backend_meta_simple_backend(b, j));
+    }
+    if (!same_devices) {
+        GGML_LOG_WARN("%s: the two Meta backends are not on the same devices\n", __func__);
+        return false;
+    }
+    if (!devices_have_events(a)) {
+        GGML_LOG_WARN("%s: a device has no events, lanes stay off\n", __func__);
+        return false;
+    }
+
+    auto * lanes = new ggml_backend_meta_lanes;
+    lanes->n_devs = n_devs;
+    const char * test = getenv("GGML_META_LANES_TEST");
+    if (test != nullptr && strcmp(test, "nowait") == 0) {
+        lanes->mode = LANES_TEST_NOWAIT;
+    } else if (test != nullptr && strcmp(test, "same_index") == 0) {
+        lanes->mode = LANES_TEST_SAME_INDEX;
+    }
+    if (lanes->mode != LANES_TEST_NONE) {
+        GGML_LOG_WARN("%s: TEST ONLY: GGML_META_LANES_TEST=%s breaks the ordering between lanes\n", __func__, test);
+    }
+    ggml_backend_t metas[GGML_BACKEND_META_MAX_LANES] = { a, b };
+    for (int l = 0; l < GGML_BACKEND_META_MAX_LANES; l++) {
+        lane_state & ls = lanes->lane[l];
+        ls.meta = metas[l];
+        ls.events.resize(n_devs);
+        ls.index_seq.resize(n_devs);
+        ls.seq.assign(n_devs, 0);
+        ls.last.resize(n_devs);
+        ls.waited.assign(n_devs, 0);
+        ls.stats.size = sizeof(ggml_backend_meta_lanes_stats);
+        ggml_backend_meta_lanes_attach(metas[l], lanes, l);
+    }
+    return true;
+}
+
+int ggml_backend_meta_lane(ggml_backend_t meta_backend) {
+    if (!ggml_backend_is_meta(meta_backend)) {
+        return -1;
+    }
+    int lane = 0;
+    return ggml_backend_meta_lanes_get(meta_backend, &lane) != nullptr ? lane : -1;
+}
+
+bool ggml_backend_meta_lanes_get_stats(ggml_backend_t meta_backend, ggml_backend_meta_lanes_stats * stats) {
+    if (stats == nullptr || stats->size != sizeof(ggml_backend_meta_lanes_stats) || !ggml_backend_is_meta(meta_backend)) {
+        return false;
+    }
+    int lane = 0;
+    const ggml_backend_meta_lanes * lanes = ggml_backend_meta_lanes_get(meta_backend, &lane);
+    if (lanes == nullptr) {
+        return false;
+    }
+    *stats = lanes->lane[lane].stats;
+    return true;
+}
