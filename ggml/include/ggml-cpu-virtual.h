@@ -12,6 +12,7 @@
 //   GGML_CPU_VIRTUAL_COMM=0             no comm context: AllReduce takes the Meta backend's generic path
 //   GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT=1 TEST ONLY: event waits return at once (a deliberate ordering bug,
 //                                       to show that tests catch it); read when a backend is created
+//   GGML_CPU_VIRTUAL_NO_EVENTS=1        TEST ONLY: the devices report no events (what needs them turns off)
 
 #include "ggml-backend.h"
 
@@ -26,6 +27,9 @@ GGML_API ggml_backend_reg_t ggml_backend_cpu_virtual_reg(void);
 GGML_API size_t ggml_backend_cpu_virtual_init(size_t n);
 
 GGML_API bool ggml_backend_is_cpu_virtual(ggml_backend_t backend);
+
+// the delay before each graph of this backend instance (e.g. of one split-overlap lane), in microseconds
+GGML_API void ggml_backend_cpu_virtual_set_delay_us(ggml_backend_t backend, int64_t delay_us);
 
 #ifdef __cplusplus
 }

@@ -382,6 +382,11 @@ bool ggml_backend_is_cpu_virtual(ggml_backend_t backend) {
     return backend != nullptr && ggml_guid_matches(backend->guid, ggml_cpu_virtual_guid());
 }
 
+void ggml_backend_cpu_virtual_set_delay_us(ggml_backend_t backend, int64_t delay_us) {
+    GGML_ASSERT(ggml_backend_is_cpu_virtual(backend));
+    vctx(backend)->delay_us = std::max<int64_t>(0, delay_us); // read when a graph is queued, on the caller's thread
+}
+
 static bool ggml_cpu_virtual_delay_selected(int index) {
     const char * sel = getenv("GGML_CPU_VIRTUAL_DELAY_DEVICES");
     if (sel == nullptr || *sel == '\0') {
@@ -467,7 +472,7 @@ static void ggml_cpu_virtual_device_get_props(ggml_backend_dev_t dev, ggml_backe
         /* .async                = */ true,
         /* .host_buffer          = */ false,
         /* .buffer_from_host_ptr = */ false,
-        /* .events               = */ true,
+        /* .events               = */ env_int("GGML_CPU_VIRTUAL_NO_EVENTS", 0) == 0, // test only: a device without events
         /* .mmap_support         = */ false,
     };
 }

@@ -13,6 +13,8 @@ from pyllama_so.testing._fixtures import (
     arch_model_load,
     arch_model_save,
     arch_names,
+    delay_lane,
+    lane_race,
     random_model,
 )
 
@@ -24,5 +26,7 @@ __all__ = [
     "arch_model_load",
     "arch_model_save",
     "arch_names",
+    "delay_lane",
+    "lane_race",
     "random_model",
 ]

@@ -4,7 +4,7 @@ upstream's test-llama-archs (libpyllama-so-testing). Not part of the inference A
 (tests/, python -m pyllama_so.archs) use it.
 """
 
-from libc.stdint cimport int32_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport memset, strncpy, strstr
 from libc.math cimport sqrt, log, cos, fabs
@@ -302,3 +302,42 @@ def arch_causal_toggle_ok(Context ctx, tokens):
     finally:
         llama_set_causal_attn(ctx.ptr, True)
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# split-overlap race fixtures
+
+cdef extern from "lane-fixtures.h" nogil:
+    int pyllama_so_testing_delay_lane(llama_context * ctx, int32_t lane, int64_t delay_us)
+    int pyllama_so_testing_lane_race(const int * device_indices, int n_devs, int n_subgraphs, int n_ubatches,
+                                     int lanes, int64_t delay_us_lane0, int64_t delay_us_lane1, float * out)
+
+
+def delay_lane(Context ctx, int lane, int64_t delay_us):
+    """Delay every graph of one split-overlap lane's CPU virtual devices; returns how many were delayed."""
+    ctx._check_open()
+    return pyllama_so_testing_delay_lane(ctx.ptr, lane, delay_us)
+
+
+def lane_race(list device_indices, int n_subgraphs=6, int n_ubatches=8, bint lanes=True, delays_us=(0, 0)):
+    """The ggml-level race fixture (testing/lane-race-fixture.cpp): state written in the first subgraph
+    and read in the last, ubatches alternating between two linked lanes (or on one Meta backend), each
+    lane's devices delayed by its entry of delays_us per graph. Returns the outputs, float32
+    (n_ubatches, floats per ubatch)."""
+    cdef int idx[3]
+    if not 2 <= len(device_indices) <= 3:
+        raise ValueError("lane_race takes 2 or 3 devices")
+    for k, i in enumerate(device_indices):
+        idx[k] = i
+    out = np.zeros((n_ubatches, 64 * 8), dtype=np.float32)
+    cdef float[:, ::1] out_mv = out
+    cdef int rc
+    cdef int n_devs = len(device_indices)
+    cdef int64_t d0 = delays_us[0], d1 = delays_us[1]
+    with nogil:
+        rc = pyllama_so_testing_lane_race(idx, n_devs, n_subgraphs, n_ubatches, lanes, d0, d1, &out_mv[0, 0])
+    if rc < 0:
+        raise LlamaError(f"lane race fixture failed ({rc})")
+    if rc != out.shape[1]:
+        raise LlamaError(f"lane race fixture returned {rc} floats per ubatch, expected {out.shape[1]}")
+    return out

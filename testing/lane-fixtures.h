@@ -1,0 +1,30 @@
+#pragma once
+
+// Fixtures for the split-overlap race tests (tests/test_split_overlap.py). Test harness only: built into
+// libpyllama-so-testing, never into libllama.
+
+#include "llama.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Delay every graph of one split-overlap lane's CPU virtual devices by delay_us, so that the other lane
+// runs ahead and a missing cross-lane wait shows as wrong output instead of a lucky pass. Returns the
+// number of devices delayed (0 when the lane does not exist or its devices are not CPU virtual devices).
+int pyllama_so_testing_delay_lane(struct llama_context * ctx, int32_t lane, int64_t delay_us);
+
+// Run n_ubatches graphs on a Meta device over the given devices (2 or 3 CPU virtual devices), alternating
+// between two linked lanes (lanes != 0) or on one Meta backend; each lane's devices are delayed by its
+// delay per graph (a delay of lane 1 between one and n_subgraphs - 1 times lane 0's puts lane 1's state
+// write between lane 0's write and read unless lane 1 waits). Each graph writes shared state in its first subgraph and reads it back in its
+// last (n_subgraphs >= 3). out receives n_ubatches x (returned count) floats; a negative return is an
+// error (bad arguments, lanes not linked, allocation or compute failure). See lane-race-fixture.cpp.
+int pyllama_so_testing_lane_race(const int * device_indices, int n_devs, int n_subgraphs, int n_ubatches,
+                                 int lanes, int64_t delay_us_lane0, int64_t delay_us_lane1, float * out);
+
+#ifdef __cplusplus
+}
+#endif
