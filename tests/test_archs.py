@@ -106,7 +106,7 @@ def test_llama_tensor_split_on_virtual_devices(tiny_model: Path) -> None:
     from pyllama_so import Llama
 
     def logits(**kw: object) -> np.ndarray:
-        with Llama(tiny_model, n_ctx=128, flash_attn=True, **kw) as llm:  # type: ignore[arg-type]
+        with Llama(tiny_model, n_ctx=256, flash_attn=True, **kw) as llm:  # type: ignore[arg-type]
             return llm.eval(llm.tokenize("tensor split without a GPU"))
 
     ref = logits(n_gpu_layers=0, split_mode="none")

@@ -68,7 +68,7 @@ def test_bad_context_options(tiny_model: Path, kw: dict[str, object]) -> None:
 
 
 def test_context_too_small_for_prompt(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=32) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         long_prompt = llm.tokenize("x" * (llm.n_ctx() + 1))
         with pytest.raises(ContextFullError):
             llm.eval(long_prompt)
@@ -79,7 +79,7 @@ def test_context_too_small_for_prompt(tiny_model: Path) -> None:
 
 
 def test_token_out_of_range(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=32) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         with pytest.raises(ValueError, match="out of range"):
             llm.eval([llm.n_vocab()])
 
@@ -96,5 +96,5 @@ def test_process_usable_after_errors(tmp_path: Path, tiny_model: Path) -> None:
     cut.write_bytes(tiny_model.read_bytes()[:1000])
     with pytest.raises(ModelLoadError):
         Llama(cut)
-    with Llama(tiny_model, n_ctx=32) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         assert llm.eval(llm.tokenize("fine")).shape == (5, llm.n_vocab())

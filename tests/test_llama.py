@@ -54,7 +54,7 @@ def test_ubatch_sizes_agree(tiny_model: Path, reference: tuple[list[int], np.nda
 
 @pytest.mark.parametrize("text", ["hello world", "héllo wörld ✓ 漢字", " leading and  double  spaces\n\ttabs", ""])
 def test_tokenize_detokenize_round_trip(tiny_model: Path, text: str) -> None:
-    with Llama(tiny_model, n_ctx=64) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         tokens = llm.tokenize(text)
         assert tokens[:1] == [llm.token_bos()]
         assert all(0 <= t < llm.n_vocab() for t in tokens)
@@ -63,7 +63,7 @@ def test_tokenize_detokenize_round_trip(tiny_model: Path, text: str) -> None:
 
 
 def test_close_is_idempotent_and_blocks_use(tiny_model: Path) -> None:
-    llm = Llama(tiny_model, n_ctx=64)
+    llm = Llama(tiny_model, n_ctx=256)
     model = llm.model
     llm.close()
     llm.close()
@@ -75,7 +75,7 @@ def test_close_is_idempotent_and_blocks_use(tiny_model: Path) -> None:
 
 
 def test_context_manager_frees_context_before_model(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=64) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         ctx, model = llm.context, llm.model
         # the model refuses to go while its context lives
         with pytest.raises(RuntimeError, match="context"):
@@ -86,14 +86,14 @@ def test_context_manager_frees_context_before_model(tiny_model: Path) -> None:
 def test_greedy_generation_is_deterministic(tiny_model: Path) -> None:
     outs = []
     for _ in range(2):
-        with Llama(tiny_model, n_ctx=128) as llm:
+        with Llama(tiny_model, n_ctx=256) as llm:
             outs.append(list(llm.generate(llm.tokenize("abc"), max_tokens=12, temperature=0.0, stop_on_eog=False)))
     assert len(outs[0]) == 12
     assert outs[0] == outs[1]
 
 
 def test_greedy_generation_matches_argmax_of_eval(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=128) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         prompt = llm.tokenize("abc")
         gen = list(llm.generate(prompt, max_tokens=4, temperature=0.0, stop_on_eog=False))
         llm.reset()
@@ -102,7 +102,7 @@ def test_greedy_generation_matches_argmax_of_eval(tiny_model: Path) -> None:
 
 
 def test_sampled_generation_follows_the_seed(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=128) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         prompt = llm.tokenize("abc")
         kw = dict(max_tokens=16, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, stop_on_eog=False)
         runs = []
@@ -115,7 +115,7 @@ def test_sampled_generation_follows_the_seed(tiny_model: Path) -> None:
 
 
 def test_create_completion(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=128) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         out = llm.create_completion("abc", max_tokens=8, temperature=0.0)
         assert out["object"] == "text_completion"
         choice = out["choices"][0]
@@ -129,7 +129,7 @@ def test_create_completion(tiny_model: Path) -> None:
 
 
 def test_create_completion_stops_at_stop_string(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=128) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         prompt = llm.tokenize("abc")
         gen = list(llm.generate(prompt, max_tokens=48, temperature=0.0))
         full = llm.detokenize(gen)
@@ -145,7 +145,7 @@ def test_create_completion_stops_at_stop_string(tiny_model: Path) -> None:
 
 
 def test_prompt_prefix_is_reused(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=128) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         p = llm.tokenize("abcdef")
         assert len(p) > 1
         first = list(llm.generate(p, max_tokens=3, temperature=0.0, stop_on_eog=False))

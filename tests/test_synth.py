@@ -65,7 +65,7 @@ def read_tensor_infos(path: Path) -> tuple[list[tuple[str, tuple[int, ...], int,
 @pytest.mark.parametrize("wtype", synth.WEIGHT_TYPES)
 def test_weight_types_load_and_run(model_dir: Path, wtype: str) -> None:
     path = synth.write_model(model_dir / f"t-{wtype}.gguf", "tiny", wtype, quiet=True)
-    with Llama(path, n_ctx=64) as llm:
+    with Llama(path, n_ctx=256) as llm:
         logits = llm.eval(llm.tokenize("hello"))
         assert np.isfinite(logits).all()
         assert llm.model.n_layer == synth.SHAPES["tiny"].n_layer
