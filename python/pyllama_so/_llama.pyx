@@ -181,7 +181,7 @@ def gpu_device_count():
 
 
 def cpu_virtual_devices(int n):
-    """Make n CPU virtual devices (named CPUV0..) if none exist yet; return how many exist.
+    """Make n CPU virtual devices (named CPUV0.., at most 16) if none exist yet; return how many exist.
 
     They let llama.cpp's tensor split run without a GPU. GGML_CPU_VIRTUAL_DEVICES=N creates them at
     start-up instead. See ggml/include/ggml-cpu-virtual.h.
