@@ -129,6 +129,25 @@ def python(*args: str, virtual_devices: str | None = None) -> subprocess.Complet
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300)
 
 
+def test_cli_bad_regex_is_one_line() -> None:
+    res = python("-m", "pyllama_so.archs", "-a", "([")
+    assert res.returncode == 2
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m pyllama_so.archs: error: -a '(['"), res.stderr
+
+
+def test_cli_with_fewer_virtual_devices_skips_what_it_cannot_run() -> None:
+    """Two virtual devices made before the suite: the rows that need a third are skipped, not failed."""
+    res = python("-m", "pyllama_so.archs", "-a", "^qwen3$", virtual_devices="2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = {line.split("|")[2].strip(): line for line in res.stdout.splitlines() if line.startswith("|")}
+    for label in ("CPUV2", "Meta(CPUV0,CPUV1,CPUV2)"):
+        assert rows[label].split("|")[4].strip() == "SKIP", rows[label]
+    assert "OK" in rows["Meta(CPUV0,CPUV1)"]
+    assert "no device CPUV2: only 2 CPU virtual devices exist" in res.stderr
+    assert "Summary: 4 executed, 0 failed, 2 skipped" in res.stdout
+
+
 @pytest.mark.parametrize("value, made, said", [
     ("abc", 0, "GGML_CPU_VIRTUAL_DEVICES=abc is not a count >= 0: using 0"),
     ("-1", 0, "GGML_CPU_VIRTUAL_DEVICES=-1 is not a count >= 0: using 0"),
