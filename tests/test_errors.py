@@ -98,3 +98,14 @@ def test_process_usable_after_errors(tmp_path: Path, tiny_model: Path) -> None:
         Llama(cut)
     with Llama(tiny_model, n_ctx=256) as llm:
         assert llm.eval(llm.tokenize("fine")).shape == (5, llm.n_vocab())
+
+
+@pytest.mark.parametrize("text", [123, [104, 105], 1.5, None])
+def test_tokenize_needs_text(tiny_model: Path, text: object) -> None:
+    """bytes(123) is 123 zero bytes: only str and bytes are text."""
+    with Llama(tiny_model, n_ctx=256) as llm:
+        with pytest.raises(TypeError, match="str or bytes"):
+            llm.tokenize(text)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="str or bytes"):
+            llm.model.tokenize(text)
+        assert llm.tokenize(b"hi") == llm.tokenize(bytearray(b"hi")) == llm.tokenize("hi")

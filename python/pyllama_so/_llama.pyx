@@ -434,7 +434,13 @@ cdef class Model:
     def tokenize(self, text, *, bint add_special=True, bint parse_special=False):
         """Text (str or UTF-8 bytes) to an int32 numpy array of token ids."""
         self._check_open()
-        cdef bytes b = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        cdef bytes b
+        if isinstance(text, str):
+            b = text.encode("utf-8")
+        elif isinstance(text, (bytes, bytearray)):
+            b = bytes(text)
+        else:  # bytes(123) would be 123 zero bytes
+            raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
         cdef int32_t n_max = len(b) + 8
         cdef int32_t[::1] out = np.empty(n_max, dtype=np.int32)
         cdef int32_t n = llama_tokenize(self.vocab, b, len(b), &out[0], n_max, add_special, parse_special)
