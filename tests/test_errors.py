@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +112,31 @@ def test_tokenize_needs_text(tiny_model: Path, text: object) -> None:
         with pytest.raises(TypeError, match="str or bytes"):
             llm.model.tokenize(text)
         assert llm.tokenize(b"hi") == llm.tokenize(bytearray(b"hi")) == llm.tokenize("hi")
+
+
+def test_tensor_split_without_devices_says_what_to_do(tiny_model: Path) -> None:
+    """-sm tensor on a machine without GPUs: the error names the two ways to get devices, and the
+    public pyllama_so.cpu_virtual_devices it names works."""
+    code = """if True:
+        import sys
+        import pyllama_so
+        if pyllama_so._llama.gpu_device_count():
+            sys.exit("has GPU devices")
+        try:
+            pyllama_so.Llama(sys.argv[1], split_mode="tensor", flash_attn=True)
+        except pyllama_so.ModelLoadError as e:
+            print(e)
+        pyllama_so.cpu_virtual_devices(2)
+        with pyllama_so.Llama(sys.argv[1], split_mode="tensor", flash_attn=True) as llm:
+            print("loaded", llm.n_ctx())
+    """
+    env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_VIRTUAL_DEVICES"}
+    res = subprocess.run([sys.executable, "-c", code, str(tiny_model)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    if "has GPU devices" in res.stderr:
+        pytest.skip("GPU devices present: tensor split has devices")
+    assert res.returncode == 0, res.stderr
+    error, loaded = res.stdout.strip().splitlines()
+    assert error.startswith("failed to load model")
+    assert "GGML_CPU_VIRTUAL_DEVICES=2" in error and "pyllama_so.cpu_virtual_devices(2)" in error
+    assert loaded == "loaded 4096"

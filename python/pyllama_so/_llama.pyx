@@ -320,9 +320,13 @@ cdef class Model:
                 p.progress_callback = _python_progress
                 p.progress_callback_user_data = <void *> progress_state
             return Model._load(path, p)
-        except ModelLoadError:
+        except ModelLoadError as e:
             if progress_state[1] is not None:  # the callback raised: that is the error, not the cancel
                 raise progress_state[1]
+            if split_mode_name(split_mode) == "tensor" and gpu_device_count() == 0:
+                raise ModelLoadError(f"{e}. Tensor split needs devices other than the CPU and there is no GPU: "
+                                     "set GGML_CPU_VIRTUAL_DEVICES=2 or call pyllama_so.cpu_virtual_devices(2) "
+                                     "before loading to split over CPU virtual devices") from None
             raise
         finally:
             free(split_buf)
