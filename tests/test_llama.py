@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import pyllama_so
 from pyllama_so import Llama
 from pyllama_so.archs import nmse
 
@@ -168,3 +169,28 @@ def test_prompt_prefix_is_reused(tiny_model: Path) -> None:
             llm._ctx = real
     assert first == again
     assert decoded[0] == 1  # the cached prompt was kept: only its last token is evaluated again
+
+
+def test_explicit_log_level_survives_verbose(tiny_model: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A level set with set_log_level stays: verbose=False does not reset it, verbose=True only lowers it
+    to info; set_log_level(None) gives verbose= the say again."""
+    info, debug = "llama_model_loader:", "assigned to device"  # lines llama.cpp logs at these levels on load
+    try:
+        pyllama_so.set_log_level("info")
+        Llama(tiny_model, n_ctx=256, verbose=False).close()
+        err = capfd.readouterr().err
+        assert info in err and debug not in err
+        pyllama_so.set_log_level("debug")
+        Llama(tiny_model, n_ctx=256, verbose=True).close()
+        assert debug in capfd.readouterr().err
+        pyllama_so.set_log_level("error")
+        Llama(tiny_model, n_ctx=256, verbose=True).close()
+        err = capfd.readouterr().err
+        assert info in err and debug not in err
+        pyllama_so.set_log_level(None)
+        Llama(tiny_model, n_ctx=256, verbose=False).close()
+        assert info not in capfd.readouterr().err
+    finally:
+        pyllama_so.set_log_level(None)
+    with pytest.raises(ValueError, match="log level"):
+        pyllama_so.set_log_level("loud")

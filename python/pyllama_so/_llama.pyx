@@ -81,13 +81,32 @@ _LOG_LEVELS = {"debug": GGML_LOG_LEVEL_DEBUG, "info": GGML_LOG_LEVEL_INFO, "warn
                "error": GGML_LOG_LEVEL_ERROR, "none": 99}
 
 
-def set_log_level(str level):
-    """Show llama.cpp log lines at this level and above: debug, info, warn (default), error, none."""
+# the level the user chose with set_log_level, or -1 for none: Llama's verbose= must not override it
+cdef int _log_explicit = -1
+
+
+def set_log_level(level):
+    """Show llama.cpp log lines at this level and above: debug, info, warn (default), error, none.
+
+    A level set here stays until the next call: Llama(verbose=True) may only lower it to info.
+    None forgets it (back to warn, and to what verbose= asks for).
+    """
+    global _log_threshold, _log_explicit
+    if level is None:
+        _log_explicit = -1
+        _log_threshold = GGML_LOG_LEVEL_WARN
+        return
+    if not isinstance(level, str) or level not in _LOG_LEVELS:
+        raise ValueError(f"unknown log level {level!r}; expected one of {sorted(_LOG_LEVELS)} or None")
+    _log_explicit = _log_threshold = _LOG_LEVELS[level]
+
+
+def set_verbose(bint verbose):
+    """Llama's verbose=: info lines and above when True, else the default (warn). A level set with
+    set_log_level is kept, except that verbose=True lowers it to info."""
     global _log_threshold
-    try:
-        _log_threshold = _LOG_LEVELS[level]
-    except KeyError:
-        raise ValueError(f"unknown log level {level!r}; expected one of {sorted(_LOG_LEVELS)}") from None
+    cdef int base = _log_explicit if _log_explicit >= 0 else <int> GGML_LOG_LEVEL_WARN
+    _log_threshold = min(base, <int> GGML_LOG_LEVEL_INFO) if verbose else base
 
 
 cdef str _take_last_error():

@@ -44,7 +44,11 @@ def _utf8_prefix(data: bytes) -> str:
 
 
 class Llama:
-    """A GGUF model and one context on it. Use as a context manager, or call close()."""
+    """A GGUF model and one context on it. Use as a context manager, or call close().
+
+    verbose: show llama.cpp's log from the info level on (default: warnings and errors). A level set
+    with pyllama_so.set_log_level() before is kept: verbose=True only lowers it to info.
+    """
 
     def __init__(
         self,
@@ -91,7 +95,7 @@ class Llama:
         self.split_overlap = split_overlap
         self._rng = np.random.default_rng(seed)
         self._tokens: list[int] = []  # what the KV cache holds, in order
-        _llama.set_log_level("info" if verbose else "warn")
+        _llama.set_verbose(verbose)
 
         self._model = _llama.Model.load(path, n_gpu_layers=n_gpu_layers, split_mode=mode, main_gpu=main_gpu,
                                         tensor_split=split, use_mmap=use_mmap)
