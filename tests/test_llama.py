@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import pyllama_so
-from pyllama_so import Llama
+from pyllama_so import Llama, synth
 from pyllama_so.archs import nmse
 
 PROMPT = "The quick brown fox jumps over the lazy dog. 0123456789"
@@ -169,6 +170,66 @@ def test_prompt_prefix_is_reused(tiny_model: Path) -> None:
             llm._ctx = real
     assert first == again
     assert decoded[0] == 1  # the cached prompt was kept: only its last token is evaluated again
+
+
+def _completion_texts(llm: Llama, prompt: str | list[int], **kw: object) -> list[str]:
+    """The text of create_completion, of its stream (chunks joined) and of __call__, each from an empty context."""
+    texts = []
+    for stream, call in ((False, llm.create_completion), (True, llm.create_completion), (False, llm)):
+        llm.reset()  # the same computation each time
+        out = call(prompt, stream=stream, **kw)  # type: ignore[operator]
+        chunks = out if stream else [out]
+        texts.append("".join(c["choices"][0]["text"] for c in chunks))  # type: ignore[union-attr]
+    return texts
+
+
+@pytest.mark.parametrize("prompt", ["Hello", "abc", "The quick"])
+def test_completion_text_is_the_detokenized_tokens(tiny_model: Path, prompt: str) -> None:
+    """Invalid UTF-8 bytes in the output are replaced, never lost: plain, streamed and called text all
+    equal detokenize(generate(...)) decoded with errors="replace"."""
+    with Llama(tiny_model, n_ctx=256) as llm:
+        gen = list(llm.generate(llm.tokenize(prompt), max_tokens=64, temperature=0.0))
+        want = llm.detokenize(gen).decode("utf-8", "replace")
+        assert "\ufffd" in want  # the byte-fallback vocabulary of the random model yields invalid bytes
+        assert _completion_texts(llm, prompt, max_tokens=64, temperature=0.0) == [want] * 3
+
+
+def test_completion_stop_string_after_invalid_bytes(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=256) as llm:
+        gen = list(llm.generate(llm.tokenize("Hello"), max_tokens=64, temperature=0.0))
+        want = llm.detokenize(gen).decode("utf-8", "replace")
+        # a two-character ASCII stop string, first found as late as possible: after replaced bytes
+        at = max(i for i in range(len(want) - 1)
+                 if want[i:i + 2].isascii() and want[i:i + 2].strip() and want.find(want[i:i + 2]) == i)
+        assert "\ufffd" in want[:at]
+        stop = want[at:at + 2]
+        assert _completion_texts(llm, "Hello", max_tokens=64, temperature=0.0, stop=[stop]) == [want[:at]] * 3
+
+
+@pytest.mark.parametrize("stop", [None, "cd", "\u2713x"])
+def test_completion_utf8_split_across_tokens(tiny_model: Path, monkeypatch: pytest.MonkeyPatch,
+                                             stop: str | None) -> None:
+    """Characters whose bytes come in several tokens, invalid bytes and an incomplete last character."""
+    vocab = synth.vocabulary(synth.SHAPES["tiny"].n_vocab)[0]
+
+    def byte_tokens(data: bytes) -> list[int]:
+        return [vocab.index(f"<0x{b:02X}>") for b in data]
+
+    with Llama(tiny_model, n_ctx=256) as llm:
+        tokens = (llm.tokenize("ab", add_bos=False) + byte_tokens("é".encode()) + byte_tokens(b"\xff")
+                  + llm.tokenize("✓x", add_bos=False)  # byte fallback: one token a byte
+                  + byte_tokens("漢".encode()[:2]) + llm.tokenize("cd", add_bos=False) + byte_tokens(b"\x80\xe2\x82"))
+        assert len(tokens) > len("ab✓xcd") + 6  # multi-byte characters are split across tokens
+
+        def fake_generate(*args: object, **kw: object) -> Iterator[int]:
+            yield from tokens
+
+        monkeypatch.setattr(llm, "generate", fake_generate)
+        want = llm.detokenize(tokens).decode("utf-8", "replace")
+        assert want.count("\ufffd") == 4 and want.startswith("abé\ufffd✓x")
+        if stop is not None:
+            want = want[: want.find(stop)]
+        assert _completion_texts(llm, "abc", max_tokens=len(tokens), stop=stop) == [want] * 3
 
 
 def test_explicit_log_level_survives_verbose(tiny_model: Path, capfd: pytest.CaptureFixture[str]) -> None:

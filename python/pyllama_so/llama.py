@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import time
 import uuid
@@ -31,16 +32,6 @@ def _check_gguf_file(path: Path) -> None:
         magic = f.read(4)
     if magic != _GGUF_MAGIC:
         raise ModelLoadError(f"not a GGUF file (magic {magic!r}): {path}")
-
-
-def _utf8_prefix(data: bytes) -> str:
-    """The longest decodable prefix of data: an incomplete trailing character waits for more bytes."""
-    for cut in range(0, min(4, len(data) + 1)):
-        try:
-            return data[: len(data) - cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-    return data.decode("utf-8", "replace")
 
 
 class Llama:
@@ -263,7 +254,7 @@ class Llama:
                     top_k: int, min_p: float, stop: str | Sequence[str] | None, seed: int | None,
                     echo: bool) -> Iterator[dict[str, Any]]:
         prompt_tokens = self.tokenize(prompt) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stops = [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]  # "" would stop at once
         if max_tokens is not None and max_tokens <= 0:
             max_tokens = None  # llama-cpp-python: <= 0 means up to the end of the context
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
@@ -275,22 +266,28 @@ class Llama:
         if echo:
             yield chunk(self.detokenize(prompt_tokens).decode("utf-8", "replace"), None)
         produced: list[int] = []
-        sent = final = b""
-        hold_max = max((len(s.encode()) for s in stops), default=1) - 1
+        # The text is detokenize(produced) decoded with invalid bytes replaced; an incomplete trailing
+        # character waits in the decoder for the next token's bytes.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        fed = 0  # bytes of the detokenized output given to the decoder
+        text = ""
+        sent = 0  # characters of text yielded
+        hold = max((len(s) for s in stops), default=1) - 1  # what may be the start of a stop string
         stopped = False
         for tok in self.generate(prompt_tokens, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                  top_p=top_p, min_p=min_p, seed=seed):
             produced.append(tok)
-            final = self.detokenize(produced)
-            hits = [i for i in (final.find(s.encode()) for s in stops) if i >= 0]
+            data = self.detokenize(produced)
+            text += decoder.decode(data[fed:])
+            fed = len(data)
+            # a stop string is found as soon as it is complete, so it never starts in what was sent
+            hits = [i for i in (text.find(s, sent) for s in stops) if i >= 0]
             if hits:
-                final, stopped = final[: min(hits)], True
-            # hold back what may be the start of a stop string
-            ready = final if stopped or not hold_max else final[:-hold_max]
-            piece = _utf8_prefix(ready[len(sent):])
-            if piece:
-                sent += piece.encode("utf-8")
-                yield chunk(piece, None)
+                text, stopped = text[: min(hits)], True
+            ready = len(text) if stopped else len(text) - hold
+            if ready > sent:
+                yield chunk(text[sent:ready], None)
+                sent = ready
             if stopped:
                 break
         if stopped:
@@ -299,7 +296,9 @@ class Llama:
             finish = "length"
         else:
             finish = "stop"  # end-of-generation token
-        tail = final[len(sent):].decode("utf-8", "replace")
+        if not stopped:
+            text += decoder.decode(b"", final=True)  # an incomplete last character becomes U+FFFD
+        tail = text[sent:]
         usage = {"prompt_tokens": len(prompt_tokens), "completion_tokens": len(produced),
                  "total_tokens": len(prompt_tokens) + len(produced)}
         yield chunk(tail, finish, usage=usage)
