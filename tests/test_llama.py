@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -255,3 +257,13 @@ def test_explicit_log_level_survives_verbose(tiny_model: Path, capfd: pytest.Cap
         pyllama_so.set_log_level(None)
     with pytest.raises(ValueError, match="log level"):
         pyllama_so.set_log_level("loud")
+
+
+def test_misspelled_keyword_leaves_nothing_for_del(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """__init__ never runs, so close() (through __del__) finds the class defaults: no "Exception ignored"."""
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(TypeError, match="n_seq_max"):
+        Llama(tiny_model, n_seq_max=2)  # type: ignore[call-arg]
+    gc.collect()
+    assert unraisable == []

@@ -41,6 +41,10 @@ class Llama:
     with pyllama_so.set_log_level() before is kept: verbose=True only lowers it to info.
     """
 
+    # defaults for close() and __del__ when __init__ never ran (a misspelled keyword)
+    _model: _llama.Model | None = None
+    _ctx: _llama.Context | None = None
+
     def __init__(
         self,
         model_path: str | os.PathLike[str],
@@ -62,8 +66,6 @@ class Llama:
         seed: int | None = None,
         verbose: bool = False,
     ) -> None:
-        self._model: _llama.Model | None = None
-        self._ctx: _llama.Context | None = None
         path = Path(os.fspath(model_path))
         mode = _llama.split_mode_name(split_mode)
         fa = _llama.flash_attn_name(flash_attn)
