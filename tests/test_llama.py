@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -267,3 +268,14 @@ def test_misspelled_keyword_leaves_nothing_for_del(tiny_model: Path, monkeypatch
         Llama(tiny_model, n_seq_max=2)  # type: ignore[call-arg]
     gc.collect()
     assert unraisable == []
+
+
+def test_n_ctx_rounded_up_is_a_warning(tiny_model: Path) -> None:
+    with pytest.warns(UserWarning, match="n_ctx=64 became 256"):
+        llm = Llama(tiny_model, n_ctx=64)
+    with llm:
+        assert llm.n_ctx() == 256
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Llama(tiny_model, n_ctx=512).close()  # a multiple of 256 is kept
+        Llama(tiny_model, n_ctx=0).close()  # the training context

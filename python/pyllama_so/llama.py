@@ -10,6 +10,7 @@ import codecs
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,10 @@ def _check_gguf_file(path: Path) -> None:
 
 class Llama:
     """A GGUF model and one context on it. Use as a context manager, or call close().
+
+    n_ctx: llama.cpp rounds the context up to a multiple of 256 tokens, so it is at least 256
+    (0: the model's training context); a request that changes is warned about (UserWarning), and
+    n_ctx() is what the context holds.
 
     verbose: show llama.cpp's log from the info level on (default: warnings and errors). A level set
     with pyllama_so.set_log_level() before is kept: verbose=True only lowers it to info.
@@ -102,6 +107,9 @@ class Llama:
             self._model.free()
             self._model = None
             raise
+        if n_ctx and self._ctx.n_ctx != n_ctx:
+            warnings.warn(f"n_ctx={n_ctx} became {self._ctx.n_ctx}: llama.cpp rounds the context up to a "
+                          "multiple of 256 tokens", UserWarning, stacklevel=2)
 
     # -- lifetime --
 
