@@ -5,7 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import signal
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,34 @@ def test_default_synthetic_model_is_cached(tmp_path: Path, capsys: pytest.Captur
         st = files[0].stat()
         written.append((st.st_ino, st.st_mtime_ns))
     assert written[0] == written[1]  # the second run reused the file instead of writing it again
+
+
+def bench_process(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pyllama_so.bench", *args], capture_output=True, text=True,
+                          timeout=120, **kw)  # type: ignore[call-overload]
+
+
+def test_model_directory_says_directory(tmp_path: Path) -> None:
+    res = bench_process("-m", str(tmp_path))
+    assert res.returncode == 1
+    assert res.stderr.splitlines() == [f"bench: {tmp_path} is a directory, not a model file"]
+
+
+def test_ctrl_c_is_one_line_and_status_130(tiny_model: Path) -> None:
+    # SIGINT as the default in the child: a shell without job control starts background jobs with it ignored
+    proc = subprocess.Popen([sys.executable, "-m", "pyllama_so.bench", "-m", str(tiny_model), "-p", "64", "-n", "0",
+                             "-r", "1000000", "--no-warmup", "-t", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert first.startswith("bench: 1/1 pp64: rep 1/"), first
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130
+    assert err.splitlines() == ["bench: interrupted"]
+    assert out == ""  # no result was complete

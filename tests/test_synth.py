@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +140,16 @@ def test_random_weight_model_without_a_file() -> None:
     assert np.isfinite(a).all() and np.abs(a).max() > 0
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("where", ["/proc/x.gguf", "file/x.gguf"])
+def test_cli_unwritable_path_is_one_line(tmp_path: Path, where: str) -> None:
+    (tmp_path / "file").write_text("a file, not a folder")
+    if where.startswith("/proc") and not Path("/proc/self").exists():
+        pytest.skip("no /proc")
+    out = Path(where) if where.startswith("/") else tmp_path / where
+    res = subprocess.run([sys.executable, "-m", "pyllama_so.synth", "tiny", "-o", str(out)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 1
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"synth: error: cannot write {out}: "), res.stderr

@@ -205,7 +205,12 @@ def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "
             print(f"\rsynth: {path.name}: {done / 2**30:6.2f} / {total / 2**30:.2f} GiB", end="",
                   file=sys.stderr, flush=True)
 
-    write_gguf(path, metadata(shape, weight_type, shape_name), specs, pool.write, progress)
+    try:
+        write_gguf(path, metadata(shape, weight_type, shape_name), specs, pool.write, progress)
+    except BaseException:
+        if last[0]:
+            print(file=sys.stderr)  # end the progress line before the error
+        raise
     if not quiet:
         print(f" in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     return path
@@ -247,7 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"synth: {out} exists (use --force to overwrite)", file=sys.stderr)
         print(out)
         return 0
-    print(write_model(out, args.shape, args.type, seed=args.seed))
+    try:
+        print(write_model(out, args.shape, args.type, seed=args.seed))
+    except OSError as e:
+        print(f"synth: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -87,6 +87,8 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
     if not models:
         models = [str(cached_model(ns.synthetic))]
     for m in models:
+        if os.path.isdir(m):
+            raise SystemExit(f"bench: {m} is a directory, not a model file")
         if not os.path.isfile(m):
             raise SystemExit(f"bench: model file not found: {m}")
     return BenchParams(
@@ -97,7 +99,23 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
         repetitions=ns.repetitions, warmup=not ns.no_warmup)
 
 
+def error(message: str) -> None:
+    """One line on stderr, after clearing the progress line of a terminal."""
+    if sys.stderr.isatty():
+        print("\r\033[K", end="", file=sys.stderr)
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 done, 1 a run failed, 2 bad arguments, 130 interrupted (Ctrl-C)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        error("interrupted")
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     ns = parser().parse_args(argv)
     _llama.set_log_level("info" if ns.verbose else "error")
     params = params_from_args(ns)
@@ -109,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         for result in run_benchmarks(params, progress=not ns.no_progress):
             printer.result(result)
     except (NotImplementedError, _llama.LlamaError, ValueError) as e:
-        print(f"\nbench: error: {e}", file=sys.stderr)
+        error(f"error: {e}")
         return 1
     finally:
         printer.footer()
