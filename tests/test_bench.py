@@ -145,3 +145,11 @@ def test_ctrl_c_is_one_line_and_status_130(tiny_model: Path) -> None:
     assert proc.returncode == 130
     assert err.splitlines() == ["bench: interrupted"]
     assert out == ""  # no result was complete
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x"])
+def test_repetitions_state_one_rule(tiny_model: Path, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["-m", str(tiny_model), "-r", value])
+    assert e.value.code == 2
+    assert "argument -r/--repetitions: expected an integer >= 1, got" in capsys.readouterr().err
