@@ -153,3 +153,29 @@ def test_repetitions_state_one_rule(tiny_model: Path, value: str, capsys: pytest
         main(["-m", str(tiny_model), "-r", value])
     assert e.value.code == 2
     assert "argument -r/--repetitions: expected an integer >= 1, got" in capsys.readouterr().err
+
+
+def test_model_column_names_the_synthetic_shape(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """llama.cpp guesses a size class from the layer count ("qwen3 8B F16" for the 36-layer overhead
+    shape): a synthetic model shows its general.name and weight type instead."""
+    rc, out, _ = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl")
+    assert rc == 0
+    assert json.loads(out)["model_type"] == "synthetic qwen3 tiny F16"
+    rc, out, _ = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1")
+    assert rc == 0
+    assert out.splitlines()[2].startswith("| synthetic qwen3 tiny F16 | ")
+
+
+def test_model_column_of_other_models_is_llama_cpp_s(tiny_model: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    meta = synth.metadata
+
+    def renamed(*args: object) -> dict[str, object]:
+        return {**meta(*args), "general.name": "Qwen3 8B"}  # type: ignore[arg-type]
+
+    monkeypatch.setattr(synth, "metadata", renamed)
+    path = synth.write_model(tmp_path / "named.gguf", "tiny", "q8_0", quiet=True)
+    rc, out, _ = run(capsys, "-m", str(path), "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl")
+    assert rc == 0
+    assert json.loads(out)["model_type"] == "qwen3 ?B Q8_0"

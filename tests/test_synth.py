@@ -153,3 +153,23 @@ def test_cli_unwritable_path_is_one_line(tmp_path: Path, where: str) -> None:
     assert res.returncode == 1
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"synth: error: cannot write {out}: "), res.stderr
+
+
+def test_name_says_synthetic_and_shape(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=256) as llm:
+        assert llm.model.meta("general.name") == "synthetic qwen3 tiny"
+
+
+def test_cache_replaces_models_of_older_versions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Models cached before general.name was written are neither reused nor left behind."""
+    monkeypatch.setenv("PYLLAMA_SO_CACHE", str(tmp_path))
+    models = tmp_path / "models"
+    models.mkdir()
+    old = models / "tiny-f16-v2.gguf"
+    old.write_bytes(b"an older version")
+    other = models / "small-f16-v2.gguf"  # another shape's file stays
+    other.write_bytes(b"another shape")
+    path = synth.cached_model("tiny", "f16")
+    assert sorted(p.name for p in models.iterdir()) == sorted([path.name, other.name])
+    with Llama(path, n_ctx=256) as llm:
+        assert llm.model.meta("general.name") == "synthetic qwen3 tiny"
