@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pyllama_so import synth
+from pyllama_so import _llama, synth
 from pyllama_so.bench.__main__ import main
 
 
@@ -179,3 +179,21 @@ def test_model_column_of_other_models_is_llama_cpp_s(tiny_model: Path, tmp_path:
     rc, out, _ = run(capsys, "-m", str(path), "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl")
     assert rc == 0
     assert json.loads(out)["model_type"] == "qwen3 ?B Q8_0"
+
+
+@pytest.mark.parametrize("flags", [["-b", "8", "-ub", "16"], ["-b", "32,8", "-ub", "16"]])
+def test_batch_combinations_checked_before_running(tiny_model: Path, flags: list[str],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """As Llama: n_ubatch > n_batch is an error, reported before any combination runs."""
+    rc, out, err = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl", *flags)
+    assert rc == 2
+    assert out == ""
+    assert err.splitlines() == ["bench: error: -b 8 -ub 16: n_ubatch (16) must not exceed n_batch (8)"]
+
+
+def test_tensor_split_longer_than_devices(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    n = max(1, _llama.gpu_device_count()) + 1
+    with pytest.raises(SystemExit) as e:
+        main(["-m", str(tiny_model), "-ts", "/".join(["1"] * n)])
+    assert e.value.code == 2
+    assert f"tensor_split has {n} entries" in capsys.readouterr().err

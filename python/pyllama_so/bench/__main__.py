@@ -99,6 +99,18 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
         repetitions=ns.repetitions, warmup=not ns.no_warmup)
 
 
+def check_combinations(params: BenchParams) -> None:
+    """Every combination by Llama's rules (ValueError), so that none fails after others have run."""
+    for b, ub in sorted({(cp.n_batch, cp.n_ubatch) for cp in params.context_params()}):
+        try:
+            _llama.check_batch_sizes(b, ub)
+        except ValueError as e:
+            raise ValueError(f"-b {b} -ub {ub}: {e}") from None
+    for ts in params.tensor_split:
+        if ts:  # () is the default split
+            _llama.check_tensor_split(ts)
+
+
 def error(message: str) -> None:
     """One line on stderr, after clearing the progress line of a terminal."""
     if sys.stderr.isatty():
@@ -121,6 +133,11 @@ def _main(argv: list[str] | None) -> int:
     params = params_from_args(ns)
     if params.count() == 0:
         raise SystemExit("bench: nothing to run (all of -p, -n and -pg are empty or 0)")
+    try:
+        check_combinations(params)
+    except ValueError as e:
+        error(f"error: {e}")
+        return 2
     printer = PRINTERS[ns.output](sys.stdout, params)
     printer.header()
     try:
