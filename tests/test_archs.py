@@ -6,6 +6,9 @@ upstream skips are skipped with its reason; a summary table like upstream's is p
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,7 +109,7 @@ def test_llama_tensor_split_on_virtual_devices(tiny_model: Path) -> None:
     from pyllama_so import Llama
 
     def logits(**kw: object) -> np.ndarray:
-        with Llama(tiny_model, n_ctx=128, flash_attn=True, **kw) as llm:  # type: ignore[arg-type]
+        with Llama(tiny_model, n_ctx=256, flash_attn=True, **kw) as llm:  # type: ignore[arg-type]
             return llm.eval(llm.tokenize("tensor split without a GPU"))
 
     ref = logits(n_gpu_layers=0, split_mode="none")
@@ -116,3 +119,51 @@ def test_llama_tensor_split_on_virtual_devices(tiny_model: Path) -> None:
     gpu_names = [d["name"] for d in pyllama_so.devices() if archs._is_gpu(d)]
     got = logits(split_mode="tensor", tensor_split=[float(n in ("CPUV0", "CPUV1")) for n in gpu_names])
     assert archs.nmse(ref, got) < archs.NMSE_MAX
+
+
+def python(*args: str, virtual_devices: str | None = None) -> subprocess.CompletedProcess[str]:
+    """A fresh process (virtual devices cannot be removed from one), GGML_CPU_VIRTUAL_DEVICES as given."""
+    env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_VIRTUAL_DEVICES"}
+    if virtual_devices is not None:
+        env["GGML_CPU_VIRTUAL_DEVICES"] = virtual_devices
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_bad_regex_is_one_line() -> None:
+    res = python("-m", "pyllama_so.archs", "-a", "([")
+    assert res.returncode == 2
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m pyllama_so.archs: error: -a '(['"), res.stderr
+
+
+def test_cli_with_fewer_virtual_devices_skips_what_it_cannot_run() -> None:
+    """Two virtual devices made before the suite: the rows that need a third are skipped, not failed."""
+    res = python("-m", "pyllama_so.archs", "-a", "^qwen3$", virtual_devices="2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = {line.split("|")[2].strip(): line for line in res.stdout.splitlines() if line.startswith("|")}
+    for label in ("CPUV2", "Meta(CPUV0,CPUV1,CPUV2)"):
+        assert rows[label].split("|")[4].strip() == "SKIP", rows[label]
+    assert "OK" in rows["Meta(CPUV0,CPUV1)"]
+    assert "no device CPUV2: only 2 CPU virtual devices exist" in res.stderr
+    assert "Summary: 4 executed, 0 failed, 2 skipped" in res.stdout
+
+
+@pytest.mark.parametrize("value, made, said", [
+    ("abc", 0, "GGML_CPU_VIRTUAL_DEVICES=abc is not a count >= 0: using 0"),
+    ("-1", 0, "GGML_CPU_VIRTUAL_DEVICES=-1 is not a count >= 0: using 0"),
+    ("2x", 0, "GGML_CPU_VIRTUAL_DEVICES=2x is not a count >= 0: using 0"),
+    ("100000", 16, "GGML_CPU_VIRTUAL_DEVICES=100000 is more than the 16 virtual devices supported: using 16"),
+    ("3", 3, None),
+])
+def test_virtual_device_count_from_env_is_checked(value: str, made: int, said: str | None) -> None:
+    """A value that is not a count, or one above the maximum, is warned about once (through the log at its
+    default level), naming what was used instead."""
+    code = "import pyllama_so as p\nfor _ in range(2): print(sum(d['backend'] == 'CPUV' for d in p.devices()))"
+    res = python("-c", code, virtual_devices=value)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [str(made)] * 2
+    warnings = [line for line in res.stderr.splitlines() if "GGML_CPU_VIRTUAL_DEVICES" in line]
+    if said is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and said in warnings[0], res.stderr

@@ -5,12 +5,15 @@ from __future__ import annotations
 import csv
 import io
 import json
+import signal
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from pyllama_so import synth
+from pyllama_so import _llama, synth
 from pyllama_so.bench.__main__ import main
 
 
@@ -111,3 +114,86 @@ def test_default_synthetic_model_is_cached(tmp_path: Path, capsys: pytest.Captur
         st = files[0].stat()
         written.append((st.st_ino, st.st_mtime_ns))
     assert written[0] == written[1]  # the second run reused the file instead of writing it again
+
+
+def bench_process(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pyllama_so.bench", *args], capture_output=True, text=True,
+                          timeout=120, **kw)  # type: ignore[call-overload]
+
+
+def test_model_directory_says_directory(tmp_path: Path) -> None:
+    res = bench_process("-m", str(tmp_path))
+    assert res.returncode == 1
+    assert res.stderr.splitlines() == [f"bench: {tmp_path} is a directory, not a model file"]
+
+
+def test_ctrl_c_is_one_line_and_status_130(tiny_model: Path) -> None:
+    # SIGINT as the default in the child: a shell without job control starts background jobs with it ignored
+    proc = subprocess.Popen([sys.executable, "-m", "pyllama_so.bench", "-m", str(tiny_model), "-p", "64", "-n", "0",
+                             "-r", "1000000", "--no-warmup", "-t", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert first.startswith("bench: 1/1 pp64: rep 1/"), first
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130
+    assert err.splitlines() == ["bench: interrupted"]
+    assert out == ""  # no result was complete
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x"])
+def test_repetitions_state_one_rule(tiny_model: Path, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["-m", str(tiny_model), "-r", value])
+    assert e.value.code == 2
+    assert "argument -r/--repetitions: expected an integer >= 1, got" in capsys.readouterr().err
+
+
+def test_model_column_names_the_synthetic_shape(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """llama.cpp guesses a size class from the layer count ("qwen3 8B F16" for the 36-layer overhead
+    shape): a synthetic model shows its general.name and weight type instead."""
+    rc, out, _ = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl")
+    assert rc == 0
+    assert json.loads(out)["model_type"] == "synthetic qwen3 tiny F16"
+    rc, out, _ = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1")
+    assert rc == 0
+    assert out.splitlines()[2].startswith("| synthetic qwen3 tiny F16 | ")
+
+
+def test_model_column_of_other_models_is_llama_cpp_s(tiny_model: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    meta = synth.metadata
+
+    def renamed(*args: object) -> dict[str, object]:
+        return {**meta(*args), "general.name": "Qwen3 8B"}  # type: ignore[arg-type]
+
+    monkeypatch.setattr(synth, "metadata", renamed)
+    path = synth.write_model(tmp_path / "named.gguf", "tiny", "q8_0", quiet=True)
+    rc, out, _ = run(capsys, "-m", str(path), "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl")
+    assert rc == 0
+    assert json.loads(out)["model_type"] == "qwen3 ?B Q8_0"
+
+
+@pytest.mark.parametrize("flags", [["-b", "8", "-ub", "16"], ["-b", "32,8", "-ub", "16"]])
+def test_batch_combinations_checked_before_running(tiny_model: Path, flags: list[str],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """As Llama: n_ubatch > n_batch is an error, reported before any combination runs."""
+    rc, out, err = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl", *flags)
+    assert rc == 2
+    assert out == ""
+    assert err.splitlines() == ["bench: error: -b 8 -ub 16: n_ubatch (16) must not exceed n_batch (8)"]
+
+
+def test_tensor_split_longer_than_devices(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    n = max(1, _llama.gpu_device_count()) + 1
+    with pytest.raises(SystemExit) as e:
+        main(["-m", str(tiny_model), "-ts", "/".join(["1"] * n)])
+    assert e.value.code == 2
+    assert f"tensor_split has {n} entries" in capsys.readouterr().err

@@ -59,10 +59,18 @@ def test_bad_arguments_exit_2(args: list[str]) -> None:
 
 @pytest.mark.skipif(two_gpus, reason="two CUDA devices present: this is the no-GPU behaviour")
 def test_without_two_gpus_says_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing measured is its own exit status (3, which scripts/gpu-check counts as a skip), not success."""
     out = tmp_path / "ar.json"
-    assert ar.main(["--ce-sweep", "--json", str(out)]) == 0
-    assert "skipped" in capsys.readouterr().out
+    assert ar.main(["--ce-sweep", "--json", str(out)]) == ar.EXIT_SKIPPED == 3
+    assert capsys.readouterr().out.strip() == "skipped: needs a CUDA build and 2 CUDA devices"
     assert json.loads(out.read_text())["skipped"].startswith("skipped: needs a CUDA build")
+
+
+def test_help_states_the_skip_status(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        ar.main(["--help"])
+    assert e.value.code == 0
+    assert "3 skipped: needs a CUDA build and 2 CUDA devices" in " ".join(capsys.readouterr().out.split())
 
 
 def test_report_ratios_and_table_with_missing_queued_times(monkeypatch: pytest.MonkeyPatch,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,7 +71,7 @@ def test_bad_context_options(tiny_model: Path, kw: dict[str, object]) -> None:
 
 
 def test_context_too_small_for_prompt(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=32) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         long_prompt = llm.tokenize("x" * (llm.n_ctx() + 1))
         with pytest.raises(ContextFullError):
             llm.eval(long_prompt)
@@ -79,7 +82,7 @@ def test_context_too_small_for_prompt(tiny_model: Path) -> None:
 
 
 def test_token_out_of_range(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=32) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         with pytest.raises(ValueError, match="out of range"):
             llm.eval([llm.n_vocab()])
 
@@ -96,5 +99,44 @@ def test_process_usable_after_errors(tmp_path: Path, tiny_model: Path) -> None:
     cut.write_bytes(tiny_model.read_bytes()[:1000])
     with pytest.raises(ModelLoadError):
         Llama(cut)
-    with Llama(tiny_model, n_ctx=32) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         assert llm.eval(llm.tokenize("fine")).shape == (5, llm.n_vocab())
+
+
+@pytest.mark.parametrize("text", [123, [104, 105], 1.5, None])
+def test_tokenize_needs_text(tiny_model: Path, text: object) -> None:
+    """bytes(123) is 123 zero bytes: only str and bytes are text."""
+    with Llama(tiny_model, n_ctx=256) as llm:
+        with pytest.raises(TypeError, match="str or bytes"):
+            llm.tokenize(text)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="str or bytes"):
+            llm.model.tokenize(text)
+        assert llm.tokenize(b"hi") == llm.tokenize(bytearray(b"hi")) == llm.tokenize("hi")
+
+
+def test_tensor_split_without_devices_says_what_to_do(tiny_model: Path) -> None:
+    """-sm tensor on a machine without GPUs: the error names the two ways to get devices, and the
+    public pyllama_so.cpu_virtual_devices it names works."""
+    code = """if True:
+        import sys
+        import pyllama_so
+        if pyllama_so._llama.gpu_device_count():
+            sys.exit("has GPU devices")
+        try:
+            pyllama_so.Llama(sys.argv[1], split_mode="tensor", flash_attn=True)
+        except pyllama_so.ModelLoadError as e:
+            print(e)
+        pyllama_so.cpu_virtual_devices(2)
+        with pyllama_so.Llama(sys.argv[1], split_mode="tensor", flash_attn=True) as llm:
+            print("loaded", llm.n_ctx())
+    """
+    env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_VIRTUAL_DEVICES"}
+    res = subprocess.run([sys.executable, "-c", code, str(tiny_model)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    if "has GPU devices" in res.stderr:
+        pytest.skip("GPU devices present: tensor split has devices")
+    assert res.returncode == 0, res.stderr
+    error, loaded = res.stdout.strip().splitlines()
+    assert error.startswith("failed to load model")
+    assert "GGML_CPU_VIRTUAL_DEVICES=2" in error and "pyllama_so.cpu_virtual_devices(2)" in error
+    assert loaded == "loaded 4096"

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import gc
+import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pyllama_so import Llama
+import pyllama_so
+from pyllama_so import Llama, synth
 from pyllama_so.archs import nmse
 
 PROMPT = "The quick brown fox jumps over the lazy dog. 0123456789"
@@ -54,7 +59,7 @@ def test_ubatch_sizes_agree(tiny_model: Path, reference: tuple[list[int], np.nda
 
 @pytest.mark.parametrize("text", ["hello world", "héllo wörld ✓ 漢字", " leading and  double  spaces\n\ttabs", ""])
 def test_tokenize_detokenize_round_trip(tiny_model: Path, text: str) -> None:
-    with Llama(tiny_model, n_ctx=64) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         tokens = llm.tokenize(text)
         assert tokens[:1] == [llm.token_bos()]
         assert all(0 <= t < llm.n_vocab() for t in tokens)
@@ -63,7 +68,7 @@ def test_tokenize_detokenize_round_trip(tiny_model: Path, text: str) -> None:
 
 
 def test_close_is_idempotent_and_blocks_use(tiny_model: Path) -> None:
-    llm = Llama(tiny_model, n_ctx=64)
+    llm = Llama(tiny_model, n_ctx=256)
     model = llm.model
     llm.close()
     llm.close()
@@ -75,7 +80,7 @@ def test_close_is_idempotent_and_blocks_use(tiny_model: Path) -> None:
 
 
 def test_context_manager_frees_context_before_model(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=64) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         ctx, model = llm.context, llm.model
         # the model refuses to go while its context lives
         with pytest.raises(RuntimeError, match="context"):
@@ -86,14 +91,14 @@ def test_context_manager_frees_context_before_model(tiny_model: Path) -> None:
 def test_greedy_generation_is_deterministic(tiny_model: Path) -> None:
     outs = []
     for _ in range(2):
-        with Llama(tiny_model, n_ctx=128) as llm:
+        with Llama(tiny_model, n_ctx=256) as llm:
             outs.append(list(llm.generate(llm.tokenize("abc"), max_tokens=12, temperature=0.0, stop_on_eog=False)))
     assert len(outs[0]) == 12
     assert outs[0] == outs[1]
 
 
 def test_greedy_generation_matches_argmax_of_eval(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=128) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         prompt = llm.tokenize("abc")
         gen = list(llm.generate(prompt, max_tokens=4, temperature=0.0, stop_on_eog=False))
         llm.reset()
@@ -102,7 +107,7 @@ def test_greedy_generation_matches_argmax_of_eval(tiny_model: Path) -> None:
 
 
 def test_sampled_generation_follows_the_seed(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=128) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         prompt = llm.tokenize("abc")
         kw = dict(max_tokens=16, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, stop_on_eog=False)
         runs = []
@@ -115,7 +120,7 @@ def test_sampled_generation_follows_the_seed(tiny_model: Path) -> None:
 
 
 def test_create_completion(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=128) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         out = llm.create_completion("abc", max_tokens=8, temperature=0.0)
         assert out["object"] == "text_completion"
         choice = out["choices"][0]
@@ -129,7 +134,7 @@ def test_create_completion(tiny_model: Path) -> None:
 
 
 def test_create_completion_stops_at_stop_string(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=128) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         prompt = llm.tokenize("abc")
         gen = list(llm.generate(prompt, max_tokens=48, temperature=0.0))
         full = llm.detokenize(gen)
@@ -145,7 +150,7 @@ def test_create_completion_stops_at_stop_string(tiny_model: Path) -> None:
 
 
 def test_prompt_prefix_is_reused(tiny_model: Path) -> None:
-    with Llama(tiny_model, n_ctx=128) as llm:
+    with Llama(tiny_model, n_ctx=256) as llm:
         p = llm.tokenize("abcdef")
         assert len(p) > 1
         first = list(llm.generate(p, max_tokens=3, temperature=0.0, stop_on_eog=False))
@@ -168,3 +173,109 @@ def test_prompt_prefix_is_reused(tiny_model: Path) -> None:
             llm._ctx = real
     assert first == again
     assert decoded[0] == 1  # the cached prompt was kept: only its last token is evaluated again
+
+
+def _completion_texts(llm: Llama, prompt: str | list[int], **kw: object) -> list[str]:
+    """The text of create_completion, of its stream (chunks joined) and of __call__, each from an empty context."""
+    texts = []
+    for stream, call in ((False, llm.create_completion), (True, llm.create_completion), (False, llm)):
+        llm.reset()  # the same computation each time
+        out = call(prompt, stream=stream, **kw)  # type: ignore[operator]
+        chunks = out if stream else [out]
+        texts.append("".join(c["choices"][0]["text"] for c in chunks))  # type: ignore[union-attr]
+    return texts
+
+
+@pytest.mark.parametrize("prompt", ["Hello", "abc", "The quick"])
+def test_completion_text_is_the_detokenized_tokens(tiny_model: Path, prompt: str) -> None:
+    """Invalid UTF-8 bytes in the output are replaced, never lost: plain, streamed and called text all
+    equal detokenize(generate(...)) decoded with errors="replace"."""
+    with Llama(tiny_model, n_ctx=256) as llm:
+        gen = list(llm.generate(llm.tokenize(prompt), max_tokens=64, temperature=0.0))
+        want = llm.detokenize(gen).decode("utf-8", "replace")
+        assert "\ufffd" in want  # the byte-fallback vocabulary of the random model yields invalid bytes
+        assert _completion_texts(llm, prompt, max_tokens=64, temperature=0.0) == [want] * 3
+
+
+def test_completion_stop_string_after_invalid_bytes(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=256) as llm:
+        gen = list(llm.generate(llm.tokenize("Hello"), max_tokens=64, temperature=0.0))
+        want = llm.detokenize(gen).decode("utf-8", "replace")
+        # a two-character ASCII stop string, first found as late as possible: after replaced bytes
+        at = max(i for i in range(len(want) - 1)
+                 if want[i:i + 2].isascii() and want[i:i + 2].strip() and want.find(want[i:i + 2]) == i)
+        assert "\ufffd" in want[:at]
+        stop = want[at:at + 2]
+        assert _completion_texts(llm, "Hello", max_tokens=64, temperature=0.0, stop=[stop]) == [want[:at]] * 3
+
+
+@pytest.mark.parametrize("stop", [None, "cd", "\u2713x"])
+def test_completion_utf8_split_across_tokens(tiny_model: Path, monkeypatch: pytest.MonkeyPatch,
+                                             stop: str | None) -> None:
+    """Characters whose bytes come in several tokens, invalid bytes and an incomplete last character."""
+    vocab = synth.vocabulary(synth.SHAPES["tiny"].n_vocab)[0]
+
+    def byte_tokens(data: bytes) -> list[int]:
+        return [vocab.index(f"<0x{b:02X}>") for b in data]
+
+    with Llama(tiny_model, n_ctx=256) as llm:
+        tokens = (llm.tokenize("ab", add_bos=False) + byte_tokens("é".encode()) + byte_tokens(b"\xff")
+                  + llm.tokenize("✓x", add_bos=False)  # byte fallback: one token a byte
+                  + byte_tokens("漢".encode()[:2]) + llm.tokenize("cd", add_bos=False) + byte_tokens(b"\x80\xe2\x82"))
+        assert len(tokens) > len("ab✓xcd") + 6  # multi-byte characters are split across tokens
+
+        def fake_generate(*args: object, **kw: object) -> Iterator[int]:
+            yield from tokens
+
+        monkeypatch.setattr(llm, "generate", fake_generate)
+        want = llm.detokenize(tokens).decode("utf-8", "replace")
+        assert want.count("\ufffd") == 4 and want.startswith("abé\ufffd✓x")
+        if stop is not None:
+            want = want[: want.find(stop)]
+        assert _completion_texts(llm, "abc", max_tokens=len(tokens), stop=stop) == [want] * 3
+
+
+def test_explicit_log_level_survives_verbose(tiny_model: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A level set with set_log_level stays: verbose=False does not reset it, verbose=True only lowers it
+    to info; set_log_level(None) gives verbose= the say again."""
+    info, debug = "llama_model_loader:", "assigned to device"  # lines llama.cpp logs at these levels on load
+    try:
+        pyllama_so.set_log_level("info")
+        Llama(tiny_model, n_ctx=256, verbose=False).close()
+        err = capfd.readouterr().err
+        assert info in err and debug not in err
+        pyllama_so.set_log_level("debug")
+        Llama(tiny_model, n_ctx=256, verbose=True).close()
+        assert debug in capfd.readouterr().err
+        pyllama_so.set_log_level("error")
+        Llama(tiny_model, n_ctx=256, verbose=True).close()
+        err = capfd.readouterr().err
+        assert info in err and debug not in err
+        pyllama_so.set_log_level(None)
+        Llama(tiny_model, n_ctx=256, verbose=False).close()
+        assert info not in capfd.readouterr().err
+    finally:
+        pyllama_so.set_log_level(None)
+    with pytest.raises(ValueError, match="log level"):
+        pyllama_so.set_log_level("loud")
+
+
+def test_misspelled_keyword_leaves_nothing_for_del(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """__init__ never runs, so close() (through __del__) finds the class defaults: no "Exception ignored"."""
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(TypeError, match="n_seq_max"):
+        Llama(tiny_model, n_seq_max=2)  # type: ignore[call-arg]
+    gc.collect()
+    assert unraisable == []
+
+
+def test_n_ctx_rounded_up_is_a_warning(tiny_model: Path) -> None:
+    with pytest.warns(UserWarning, match="n_ctx=64 became 256"):
+        llm = Llama(tiny_model, n_ctx=64)
+    with llm:
+        assert llm.n_ctx() == 256
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Llama(tiny_model, n_ctx=512).close()  # a multiple of 256 is kept
+        Llama(tiny_model, n_ctx=0).close()  # the training context

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +67,7 @@ def read_tensor_infos(path: Path) -> tuple[list[tuple[str, tuple[int, ...], int,
 @pytest.mark.parametrize("wtype", synth.WEIGHT_TYPES)
 def test_weight_types_load_and_run(model_dir: Path, wtype: str) -> None:
     path = synth.write_model(model_dir / f"t-{wtype}.gguf", "tiny", wtype, quiet=True)
-    with Llama(path, n_ctx=64) as llm:
+    with Llama(path, n_ctx=256) as llm:
         logits = llm.eval(llm.tokenize("hello"))
         assert np.isfinite(logits).all()
         assert llm.model.n_layer == synth.SHAPES["tiny"].n_layer
@@ -138,3 +140,36 @@ def test_random_weight_model_without_a_file() -> None:
     assert np.isfinite(a).all() and np.abs(a).max() > 0
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("where", ["/proc/x.gguf", "file/x.gguf"])
+def test_cli_unwritable_path_is_one_line(tmp_path: Path, where: str) -> None:
+    (tmp_path / "file").write_text("a file, not a folder")
+    if where.startswith("/proc") and not Path("/proc/self").exists():
+        pytest.skip("no /proc")
+    out = Path(where) if where.startswith("/") else tmp_path / where
+    res = subprocess.run([sys.executable, "-m", "pyllama_so.synth", "tiny", "-o", str(out)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 1
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"synth: error: cannot write {out}: "), res.stderr
+
+
+def test_name_says_synthetic_and_shape(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=256) as llm:
+        assert llm.model.meta("general.name") == "synthetic qwen3 tiny"
+
+
+def test_cache_replaces_models_of_older_versions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Models cached before general.name was written are neither reused nor left behind."""
+    monkeypatch.setenv("PYLLAMA_SO_CACHE", str(tmp_path))
+    models = tmp_path / "models"
+    models.mkdir()
+    old = models / "tiny-f16-v2.gguf"
+    old.write_bytes(b"an older version")
+    other = models / "small-f16-v2.gguf"  # another shape's file stays
+    other.write_bytes(b"another shape")
+    path = synth.cached_model("tiny", "f16")
+    assert sorted(p.name for p in models.iterdir()) == sorted([path.name, other.name])
+    with Llama(path, n_ctx=256) as llm:
+        assert llm.model.meta("general.name") == "synthetic qwen3 tiny"

@@ -33,6 +33,28 @@ static int env_int(const char * name, int def) {
     return s && *s ? atoi(s) : def;
 }
 
+// GGML_CPU_VIRTUAL_DEVICES: a value that is not a count is said, not ignored silently
+static size_t ggml_cpu_virtual_parse_env_devices() {
+    const char * s = getenv("GGML_CPU_VIRTUAL_DEVICES");
+    if (s == nullptr || *s == '\0') {
+        return 0;
+    }
+    char * end = nullptr;
+    const long long v = strtoll(s, &end, 10); // out of range: LLONG_MAX, capped when the devices are made
+    if (end == s || *end != '\0' || v < 0) {
+        GGML_LOG_WARN("%s: GGML_CPU_VIRTUAL_DEVICES=%s is not a count >= 0: using 0 (no virtual devices)\n",
+                __func__, s);
+        return 0;
+    }
+    return (size_t) v;
+}
+
+// read once, so that a bad value is warned about once
+static size_t ggml_cpu_virtual_env_devices() {
+    static const size_t n = ggml_cpu_virtual_parse_env_devices();
+    return n;
+}
+
 // streams
 
 struct ggml_cpu_virtual_stream {
@@ -680,12 +702,16 @@ static ggml_backend_reg ggml_cpu_virtual_reg_obj = {
     /* .context     = */ nullptr,
 };
 
-// create the devices once; the caller holds the lock
-static void ggml_cpu_virtual_create_devices(ggml_cpu_virtual_reg_context & ctx, size_t n) {
+// create the devices once; `what` names where n comes from, for the warning; the caller holds the lock
+static void ggml_cpu_virtual_create_devices(ggml_cpu_virtual_reg_context & ctx, size_t n, const char * what) {
     if (!ctx.devices.empty() || n == 0) {
         return;
     }
-    n = std::min<size_t>(n, GGML_CPU_VIRTUAL_MAX_DEVICES);
+    if (n > GGML_CPU_VIRTUAL_MAX_DEVICES) {
+        GGML_LOG_WARN("%s: %s=%zu is more than the %d virtual devices supported: using %d\n",
+                __func__, what, n, GGML_CPU_VIRTUAL_MAX_DEVICES, GGML_CPU_VIRTUAL_MAX_DEVICES);
+        n = GGML_CPU_VIRTUAL_MAX_DEVICES;
+    }
     ctx.devices.reserve(n); // devices are handed out by address
     for (size_t i = 0; i < n; i++) {
         auto * d        = new ggml_cpu_virtual_device_context;
@@ -701,7 +727,7 @@ static void ggml_cpu_virtual_create_devices(ggml_cpu_virtual_reg_context & ctx, 
 ggml_backend_reg_t ggml_backend_cpu_virtual_reg(void) {
     auto & ctx = ggml_cpu_virtual_reg_ctx();
     std::lock_guard<std::mutex> lock(ctx.mtx);
-    ggml_cpu_virtual_create_devices(ctx, (size_t) std::max(0, env_int("GGML_CPU_VIRTUAL_DEVICES", 0)));
+    ggml_cpu_virtual_create_devices(ctx, ggml_cpu_virtual_env_devices(), "GGML_CPU_VIRTUAL_DEVICES");
     return ctx.devices.empty() ? nullptr : &ggml_cpu_virtual_reg_obj;
 }
 
@@ -711,7 +737,7 @@ size_t ggml_backend_cpu_virtual_init(size_t n) {
     auto & ctx = ggml_cpu_virtual_reg_ctx();
     {
         std::lock_guard<std::mutex> lock(ctx.mtx);
-        ggml_cpu_virtual_create_devices(ctx, n);
+        ggml_cpu_virtual_create_devices(ctx, n, "ggml_backend_cpu_virtual_init's n");
     }
     if (!ctx.devices.empty()) {
         ggml_backend_register(&ggml_cpu_virtual_reg_obj); // the registry ignores a second registration

@@ -81,13 +81,32 @@ _LOG_LEVELS = {"debug": GGML_LOG_LEVEL_DEBUG, "info": GGML_LOG_LEVEL_INFO, "warn
                "error": GGML_LOG_LEVEL_ERROR, "none": 99}
 
 
-def set_log_level(str level):
-    """Show llama.cpp log lines at this level and above: debug, info, warn (default), error, none."""
+# the level the user chose with set_log_level, or -1 for none: Llama's verbose= must not override it
+cdef int _log_explicit = -1
+
+
+def set_log_level(level):
+    """Show llama.cpp log lines at this level and above: debug, info, warn (default), error, none.
+
+    A level set here stays until the next call: Llama(verbose=True) may only lower it to info.
+    None forgets it (back to warn, and to what verbose= asks for).
+    """
+    global _log_threshold, _log_explicit
+    if level is None:
+        _log_explicit = -1
+        _log_threshold = GGML_LOG_LEVEL_WARN
+        return
+    if not isinstance(level, str) or level not in _LOG_LEVELS:
+        raise ValueError(f"unknown log level {level!r}; expected one of {sorted(_LOG_LEVELS)} or None")
+    _log_explicit = _log_threshold = _LOG_LEVELS[level]
+
+
+def set_verbose(bint verbose):
+    """Llama's verbose=: info lines and above when True, else the default (warn). A level set with
+    set_log_level is kept, except that verbose=True lowers it to info."""
     global _log_threshold
-    try:
-        _log_threshold = _LOG_LEVELS[level]
-    except KeyError:
-        raise ValueError(f"unknown log level {level!r}; expected one of {sorted(_LOG_LEVELS)}") from None
+    cdef int base = _log_explicit if _log_explicit >= 0 else <int> GGML_LOG_LEVEL_WARN
+    _log_threshold = min(base, <int> GGML_LOG_LEVEL_INFO) if verbose else base
 
 
 cdef str _take_last_error():
@@ -181,7 +200,7 @@ def gpu_device_count():
 
 
 def cpu_virtual_devices(int n):
-    """Make n CPU virtual devices (named CPUV0..) if none exist yet; return how many exist.
+    """Make n CPU virtual devices (named CPUV0.., at most 16) if none exist yet; return how many exist.
 
     They let llama.cpp's tensor split run without a GPU. GGML_CPU_VIRTUAL_DEVICES=N creates them at
     start-up instead. See ggml/include/ggml-cpu-virtual.h.
@@ -320,9 +339,13 @@ cdef class Model:
                 p.progress_callback = _python_progress
                 p.progress_callback_user_data = <void *> progress_state
             return Model._load(path, p)
-        except ModelLoadError:
+        except ModelLoadError as e:
             if progress_state[1] is not None:  # the callback raised: that is the error, not the cancel
                 raise progress_state[1]
+            if split_mode_name(split_mode) == "tensor" and gpu_device_count() == 0:
+                raise ModelLoadError(f"{e}. Tensor split needs devices other than the CPU and there is no GPU: "
+                                     "set GGML_CPU_VIRTUAL_DEVICES=2 or call pyllama_so.cpu_virtual_devices(2) "
+                                     "before loading to split over CPU virtual devices") from None
             raise
         finally:
             free(split_buf)
@@ -434,7 +457,13 @@ cdef class Model:
     def tokenize(self, text, *, bint add_special=True, bint parse_special=False):
         """Text (str or UTF-8 bytes) to an int32 numpy array of token ids."""
         self._check_open()
-        cdef bytes b = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        cdef bytes b
+        if isinstance(text, str):
+            b = text.encode("utf-8")
+        elif isinstance(text, (bytes, bytearray)):
+            b = bytes(text)
+        else:  # bytes(123) would be 123 zero bytes
+            raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
         cdef int32_t n_max = len(b) + 8
         cdef int32_t[::1] out = np.empty(n_max, dtype=np.int32)
         cdef int32_t n = llama_tokenize(self.vocab, b, len(b), &out[0], n_max, add_special, parse_special)

@@ -31,21 +31,23 @@ def comma_list(parse: Callable[[str], T]) -> Callable[[str], list[T]]:
     return parse_list
 
 
-def non_negative_int(text: str) -> int:
+def _int_at_least(text: str, low: int) -> int:
+    """An integer >= low; the message states the rule the flag has, whatever the value broke."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
 
 
 def positive_int(text: str) -> int:
-    value = non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("expected an integer >= 1, got 0")
-    return value
+    return _int_at_least(text, 1)
 
 
 def gpu_layers(text: str) -> int:

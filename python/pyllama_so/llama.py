@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,18 +35,20 @@ def _check_gguf_file(path: Path) -> None:
         raise ModelLoadError(f"not a GGUF file (magic {magic!r}): {path}")
 
 
-def _utf8_prefix(data: bytes) -> str:
-    """The longest decodable prefix of data: an incomplete trailing character waits for more bytes."""
-    for cut in range(0, min(4, len(data) + 1)):
-        try:
-            return data[: len(data) - cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-    return data.decode("utf-8", "replace")
-
-
 class Llama:
-    """A GGUF model and one context on it. Use as a context manager, or call close()."""
+    """A GGUF model and one context on it. Use as a context manager, or call close().
+
+    n_ctx: llama.cpp rounds the context up to a multiple of 256 tokens, so it is at least 256
+    (0: the model's training context); a request that changes is warned about (UserWarning), and
+    n_ctx() is what the context holds.
+
+    verbose: show llama.cpp's log from the info level on (default: warnings and errors). A level set
+    with pyllama_so.set_log_level() before is kept: verbose=True only lowers it to info.
+    """
+
+    # defaults for close() and __del__ when __init__ never ran (a misspelled keyword)
+    _model: _llama.Model | None = None
+    _ctx: _llama.Context | None = None
 
     def __init__(
         self,
@@ -67,8 +71,6 @@ class Llama:
         seed: int | None = None,
         verbose: bool = False,
     ) -> None:
-        self._model: _llama.Model | None = None
-        self._ctx: _llama.Context | None = None
         path = Path(os.fspath(model_path))
         mode = _llama.split_mode_name(split_mode)
         fa = _llama.flash_attn_name(flash_attn)
@@ -91,7 +93,7 @@ class Llama:
         self.split_overlap = split_overlap
         self._rng = np.random.default_rng(seed)
         self._tokens: list[int] = []  # what the KV cache holds, in order
-        _llama.set_log_level("info" if verbose else "warn")
+        _llama.set_verbose(verbose)
 
         self._model = _llama.Model.load(path, n_gpu_layers=n_gpu_layers, split_mode=mode, main_gpu=main_gpu,
                                         tensor_split=split, use_mmap=use_mmap)
@@ -105,6 +107,9 @@ class Llama:
             self._model.free()
             self._model = None
             raise
+        if n_ctx and self._ctx.n_ctx != n_ctx:
+            warnings.warn(f"n_ctx={n_ctx} became {self._ctx.n_ctx}: llama.cpp rounds the context up to a "
+                          "multiple of 256 tokens", UserWarning, stacklevel=2)
 
     # -- lifetime --
 
@@ -259,7 +264,7 @@ class Llama:
                     top_k: int, min_p: float, stop: str | Sequence[str] | None, seed: int | None,
                     echo: bool) -> Iterator[dict[str, Any]]:
         prompt_tokens = self.tokenize(prompt) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stops = [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]  # "" would stop at once
         if max_tokens is not None and max_tokens <= 0:
             max_tokens = None  # llama-cpp-python: <= 0 means up to the end of the context
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
@@ -271,22 +276,28 @@ class Llama:
         if echo:
             yield chunk(self.detokenize(prompt_tokens).decode("utf-8", "replace"), None)
         produced: list[int] = []
-        sent = final = b""
-        hold_max = max((len(s.encode()) for s in stops), default=1) - 1
+        # The text is detokenize(produced) decoded with invalid bytes replaced; an incomplete trailing
+        # character waits in the decoder for the next token's bytes.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        fed = 0  # bytes of the detokenized output given to the decoder
+        text = ""
+        sent = 0  # characters of text yielded
+        hold = max((len(s) for s in stops), default=1) - 1  # what may be the start of a stop string
         stopped = False
         for tok in self.generate(prompt_tokens, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                  top_p=top_p, min_p=min_p, seed=seed):
             produced.append(tok)
-            final = self.detokenize(produced)
-            hits = [i for i in (final.find(s.encode()) for s in stops) if i >= 0]
+            data = self.detokenize(produced)
+            text += decoder.decode(data[fed:])
+            fed = len(data)
+            # a stop string is found as soon as it is complete, so it never starts in what was sent
+            hits = [i for i in (text.find(s, sent) for s in stops) if i >= 0]
             if hits:
-                final, stopped = final[: min(hits)], True
-            # hold back what may be the start of a stop string
-            ready = final if stopped or not hold_max else final[:-hold_max]
-            piece = _utf8_prefix(ready[len(sent):])
-            if piece:
-                sent += piece.encode("utf-8")
-                yield chunk(piece, None)
+                text, stopped = text[: min(hits)], True
+            ready = len(text) if stopped else len(text) - hold
+            if ready > sent:
+                yield chunk(text[sent:ready], None)
+                sent = ready
             if stopped:
                 break
         if stopped:
@@ -295,7 +306,9 @@ class Llama:
             finish = "length"
         else:
             finish = "stop"  # end-of-generation token
-        tail = final[len(sent):].decode("utf-8", "replace")
+        if not stopped:
+            text += decoder.decode(b"", final=True)  # an incomplete last character becomes U+FFFD
+        tail = text[sent:]
         usage = {"prompt_tokens": len(prompt_tokens), "completion_tokens": len(produced),
                  "total_tokens": len(prompt_tokens) + len(produced)}
         yield chunk(tail, finish, usage=usage)

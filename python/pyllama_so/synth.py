@@ -82,7 +82,7 @@ def metadata(shape: Shape, weight_type: str, name: str) -> dict[str, object]:
     tokens, scores, types = vocabulary(shape.n_vocab)
     return {
         "general.architecture": arch,
-        "general.name": f"pyllama_so synthetic {name}",
+        "general.name": f"synthetic {arch} {name}",  # the bench's model column (llama.cpp would guess a size)
         "general.file_type": _FILE_TYPES[weight_type],
         f"{arch}.context_length": shape.n_ctx_train,
         f"{arch}.embedding_length": shape.n_embd,
@@ -205,22 +205,30 @@ def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "
             print(f"\rsynth: {path.name}: {done / 2**30:6.2f} / {total / 2**30:.2f} GiB", end="",
                   file=sys.stderr, flush=True)
 
-    write_gguf(path, metadata(shape, weight_type, shape_name), specs, pool.write, progress)
+    try:
+        write_gguf(path, metadata(shape, weight_type, shape_name), specs, pool.write, progress)
+    except BaseException:
+        if last[0]:
+            print(file=sys.stderr)  # end the progress line before the error
+        raise
     if not quiet:
         print(f" in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     return path
 
 
-# Part of a cached model's name: raise it when the shapes or the weights written change, so that a
-# model cached by an older version is not reused.
-CACHE_VERSION = 2
+# Part of a cached model's name: raise it when the shapes, the weights or the metadata written change,
+# so that a model cached by an older version is not reused (3: general.name "synthetic <arch> <shape>").
+CACHE_VERSION = 3
 
 
 def cached_model(shape_name: str = "small", weight_type: str = "f16") -> Path:
-    """The cached synthetic model of a shape, written on first use."""
-    path = default_cache_dir() / f"{shape_name}-{weight_type}-v{CACHE_VERSION}.gguf"
+    """The cached synthetic model of a shape, written on first use (older versions of it are removed)."""
+    cache = default_cache_dir()
+    path = cache / f"{shape_name}-{weight_type}-v{CACHE_VERSION}.gguf"
     if not path.exists():
         write_model(path, shape_name, weight_type)
+        for version in range(1, CACHE_VERSION):  # the larger shapes take GiBs each
+            cache.joinpath(f"{shape_name}-{weight_type}-v{version}.gguf").unlink(missing_ok=True)
     return path
 
 
@@ -247,7 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"synth: {out} exists (use --force to overwrite)", file=sys.stderr)
         print(out)
         return 0
-    print(write_model(out, args.shape, args.type, seed=args.seed))
+    try:
+        print(write_model(out, args.shape, args.type, seed=args.seed))
+    except OSError as e:
+        print(f"synth: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
 
 

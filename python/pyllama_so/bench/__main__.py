@@ -87,6 +87,8 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
     if not models:
         models = [str(cached_model(ns.synthetic))]
     for m in models:
+        if os.path.isdir(m):
+            raise SystemExit(f"bench: {m} is a directory, not a model file")
         if not os.path.isfile(m):
             raise SystemExit(f"bench: model file not found: {m}")
     return BenchParams(
@@ -97,19 +99,52 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
         repetitions=ns.repetitions, warmup=not ns.no_warmup)
 
 
+def check_combinations(params: BenchParams) -> None:
+    """Every combination by Llama's rules (ValueError), so that none fails after others have run."""
+    for b, ub in sorted({(cp.n_batch, cp.n_ubatch) for cp in params.context_params()}):
+        try:
+            _llama.check_batch_sizes(b, ub)
+        except ValueError as e:
+            raise ValueError(f"-b {b} -ub {ub}: {e}") from None
+    for ts in params.tensor_split:
+        if ts:  # () is the default split
+            _llama.check_tensor_split(ts)
+
+
+def error(message: str) -> None:
+    """One line on stderr, after clearing the progress line of a terminal."""
+    if sys.stderr.isatty():
+        print("\r\033[K", end="", file=sys.stderr)
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 done, 1 a run failed, 2 bad arguments, 130 interrupted (Ctrl-C)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        error("interrupted")
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     ns = parser().parse_args(argv)
     _llama.set_log_level("info" if ns.verbose else "error")
     params = params_from_args(ns)
     if params.count() == 0:
         raise SystemExit("bench: nothing to run (all of -p, -n and -pg are empty or 0)")
+    try:
+        check_combinations(params)
+    except ValueError as e:
+        error(f"error: {e}")
+        return 2
     printer = PRINTERS[ns.output](sys.stdout, params)
     printer.header()
     try:
         for result in run_benchmarks(params, progress=not ns.no_progress):
             printer.result(result)
     except (NotImplementedError, _llama.LlamaError, ValueError) as e:
-        print(f"\nbench: error: {e}", file=sys.stderr)
+        error(f"error: {e}")
         return 1
     finally:
         printer.footer()

@@ -22,6 +22,9 @@ time to issue one reduction (when it comes close to the time, the path is bound 
 and the GPU time per reduction with the reductions queued before the GPUs start (host time left out).
 Each path's reductions are checked against the counters, so a path that silently fell back to
 another one is reported as such.
+
+Exit status: 0 measured, 2 bad arguments, 3 skipped: needs a CUDA build and 2 CUDA devices (nothing
+was measured; --json still gets a report saying so).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from pyllama_so import args as A
 from pyllama_so.allreduce import ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES, environ
 
 DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
+EXIT_SKIPPED = 3  # nothing measured: a CPU build or fewer than two CUDA devices
+SKIPPED = "skipped: needs a CUDA build and 2 CUDA devices"
 
 # path -> (environment for the comm context, the counter that must move)
 _CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None}
@@ -192,7 +197,8 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pyllama_so.bench.allreduce", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pyllama_so.bench.allreduce", description=__doc__.split("\n")[0],
+                                 epilog=f"exit status: 0 measured, 2 bad arguments, {EXIT_SKIPPED} {SKIPPED}")
     sizes = A.comma_list(parse_size)
     ap.add_argument("--sizes", type=sizes, default=sizes(DEFAULT_SIZES),
                     help=f"payload sizes, comma-separated, K/M suffixes (default {DEFAULT_SIZES})")
@@ -214,10 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     if not two_cuda_gpus():
-        msg = "skipped: needs a CUDA build and two CUDA devices"
-        print(msg)
-        write_json(args.json, {"benchmark": "allreduce", "skipped": msg})
-        return 0
+        print(SKIPPED)
+        write_json(args.json, {"benchmark": "allreduce", "skipped": SKIPPED})
+        return EXIT_SKIPPED
 
     report = run(args)
     print_table(report)

@@ -162,6 +162,17 @@ def gpu_info() -> str:
     return ", ".join(d["description"] for d in _llama.devices() if d["type"] in ("gpu", "igpu"))
 
 
+def model_label(model: _llama.Model) -> str:
+    """The model column: llama.cpp's description ("qwen3 8B F16"), except for our synthetic models,
+    whose size class llama.cpp guesses from the layer count: their general.name and weight type."""
+    desc = model.desc
+    name = model.meta("general.name") or ""
+    if not name.startswith("synthetic"):
+        return desc
+    parts = desc.split(" ", 2)  # architecture, size class, file type
+    return f"{name} {parts[2]}" if len(parts) == 3 else name
+
+
 def _run_test(ctx: _llama.Context, test: Test, reps: int, warmup: bool, note: Callable[[str], None]) -> list[int]:
     if warmup:
         note("warm-up")
@@ -211,6 +222,7 @@ def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestR
         model = _llama.Model.load(mp.model, n_gpu_layers=mp.n_gpu_layers, split_mode=mp.split_mode,
                                   main_gpu=mp.main_gpu, tensor_split=list(mp.tensor_split) or None)
         try:
+            label = model_label(model)
             for cp in params.context_params():
                 for test in params.tests():
                     index += 1
@@ -227,6 +239,6 @@ def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestR
                         ctx.free()
                     note(index, test, "")  # clears the terminal line
                     calls = {k: v.calls for k, v in stats.paths.items() if v.calls}
-                    yield TestResult(mp, cp, test, model.desc, model.size, model.n_params, samples, stamp, calls)
+                    yield TestResult(mp, cp, test, label, model.size, model.n_params, samples, stamp, calls)
         finally:
             model.free()
