@@ -3,6 +3,7 @@
 #include "lane-fixtures.h"
 
 #include "ggml-backend-impl.h"
+#include "llama-ext.h"
 #include "ggml-cpu-virtual.h"
 #include "pyllama-so-split-overlap.h"
 
@@ -20,4 +21,12 @@ int pyllama_so_testing_delay_lane(struct llama_context * ctx, int32_t lane, int6
         }
     }
     return n;
+}
+
+size_t pyllama_so_testing_compute_bytes(const struct llama_context * ctx) {
+    size_t total = 0;
+    for (const auto & [buft, data] : llama_get_memory_breakdown(ctx)) {
+        total += data.compute;
+    }
+    return total;
 }

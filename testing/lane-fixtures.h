@@ -5,6 +5,7 @@
 
 #include "llama.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -15,6 +16,9 @@ extern "C" {
 // runs ahead and a missing cross-lane wait shows as wrong output instead of a lucky pass. Returns the
 // number of devices delayed (0 when the lane does not exist or its devices are not CPU virtual devices).
 int pyllama_so_testing_delay_lane(struct llama_context * ctx, int32_t lane, int64_t delay_us);
+
+// Bytes of compute buffers in llama.cpp's memory breakdown of the context (all devices, both lanes).
+size_t pyllama_so_testing_compute_bytes(const struct llama_context * ctx);
 
 // Run n_ubatches graphs on a Meta device over the given devices (2 or 3 CPU virtual devices), alternating
 // between two linked lanes (lanes != 0) or on one Meta backend; each lane's devices are delayed by its

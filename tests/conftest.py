@@ -12,9 +12,9 @@ from pyllama_so import synth
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # test_archs makes CPU virtual devices, which stay in the process and which llama.cpp then
-    # uses like GPUs: run those tests last so that the others see the machine's own devices.
-    items.sort(key=lambda item: item.nodeid.split("::")[0].endswith("test_archs.py"))
+    # Modules that make CPU virtual devices (MAKES_CPU_VIRTUAL_DEVICES = True), which stay in the process
+    # and which llama.cpp then uses like GPUs, run last so that the others see the machine's own devices.
+    items.sort(key=lambda item: bool(getattr(item.module, "MAKES_CPU_VIRTUAL_DEVICES", False)))
     if cuda_device_count() > 0:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

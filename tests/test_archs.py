@@ -17,6 +17,7 @@ import pytest
 import pyllama_so
 from pyllama_so import archs
 
+MAKES_CPU_VIRTUAL_DEVICES = True  # conftest runs this module last
 CONFIGS = archs.device_configs()
 _RUNNER = archs.Runner()
 _ROWS: list[archs.Row] = []

@@ -309,6 +309,7 @@ def arch_causal_toggle_ok(Context ctx, tokens):
 
 cdef extern from "lane-fixtures.h" nogil:
     int pyllama_so_testing_delay_lane(llama_context * ctx, int32_t lane, int64_t delay_us)
+    size_t pyllama_so_testing_compute_bytes(const llama_context * ctx)
     int pyllama_so_testing_lane_race(const int * device_indices, int n_devs, int n_subgraphs, int n_ubatches,
                                      int lanes, int64_t delay_us_lane0, int64_t delay_us_lane1, float * out)
 
@@ -317,6 +318,12 @@ def delay_lane(Context ctx, int lane, int64_t delay_us):
     """Delay every graph of one split-overlap lane's CPU virtual devices; returns how many were delayed."""
     ctx._check_open()
     return pyllama_so_testing_delay_lane(ctx.ptr, lane, delay_us)
+
+
+def compute_bytes(Context ctx):
+    """Compute-buffer bytes in llama.cpp's memory breakdown of the context (every device, both lanes)."""
+    ctx._check_open()
+    return pyllama_so_testing_compute_bytes(ctx.ptr)
 
 
 def lane_race(list device_indices, int n_subgraphs=6, int n_ubatches=8, bint lanes=True, delays_us=(0, 0)):
