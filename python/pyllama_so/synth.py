@@ -43,7 +43,7 @@ SHAPES: dict[str, Shape] = {
     "tiny": Shape(n_embd=128, n_layer=2, n_ff=256, n_head=2, n_head_kv=2, head_dim=64, n_vocab=512, n_ctx_train=4096),
     # bench default without -m: small enough for a CPU, big enough to measure
     "small": Shape(n_embd=512, n_layer=8, n_ff=1536, n_head=8, n_head_kv=4, head_dim=64, n_vocab=8192),
-    # little compute per layer: isolates the fixed cost per ubatch (shared/BASELINE.md)
+    # little compute per layer: isolates the fixed cost per ubatch under tensor split
     "overhead": Shape(n_embd=1024, n_layer=36, n_ff=2048, n_head=8, n_head_kv=8, head_dim=128, n_vocab=151936),
     "qwen3-8b": Shape(n_embd=4096, n_layer=36, n_ff=12288, n_head=32, n_head_kv=8, head_dim=128, n_vocab=151936),
     "qwen3-32b": Shape(n_embd=5120, n_layer=64, n_ff=25600, n_head=64, n_head_kv=8, head_dim=128, n_vocab=151936),
