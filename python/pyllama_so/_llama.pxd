@@ -213,6 +213,10 @@ cdef extern from "llama.h" nogil:
     void llama_synchronize(llama_context * ctx)
     float * llama_get_logits_ith(llama_context * ctx, int32_t i)
 
+    struct llama_perf_context_data:
+        int32_t n_reused
+    llama_perf_context_data llama_perf_context(const llama_context * ctx)
+
     int32_t llama_vocab_n_tokens(const llama_vocab * vocab)
     llama_token llama_vocab_bos(const llama_vocab * vocab)
     llama_token llama_vocab_eos(const llama_vocab * vocab)

@@ -10,6 +10,7 @@ from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport memcpy, memset, strncpy, strlen, strstr
 from libc.math cimport sqrt, log, cos, fabs
 from libc.stdio cimport fputs, fflush, stderr
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
 import math
@@ -283,6 +284,12 @@ def check_batch_sizes(n_batch, n_ubatch):
         raise ValueError(f"n_batch and n_ubatch must be >= 1, got {n_batch} and {n_ubatch}")
     if n_ubatch > n_batch:
         raise ValueError(f"n_ubatch ({n_ubatch}) must not exceed n_batch ({n_batch})")
+
+
+cdef inline int64_t _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t> ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
 # ---------------------------------------------------------------------------------------------
@@ -688,6 +695,13 @@ cdef class Context:
             "records": [st.records[0], st.records[1]],
         }
 
+    @property
+    def graphs_reused(self):
+        """Ubatches for which llama.cpp reused the previous compute graph instead of building one
+        (llama_perf_context's n_reused, counted even without perf timings)."""
+        self._check_open()
+        return llama_perf_context(self.ptr).n_reused
+
     def logits_view(self, int i=-1):
         """Zero-copy view of output i of the last llama_decode; valid until the next decode."""
         self._check_open()
@@ -708,13 +722,19 @@ cdef class Context:
         return <llama_token> (self.rng % <uint64_t> n_vocab)
 
     def run_prompt(self, int n_prompt):
-        """Decode n_prompt random tokens in batches of the context's n_batch (one output), then synchronize."""
+        """Decode n_prompt random tokens in batches of the context's n_batch (one output), then synchronize.
+
+        Returns the host time in ns: from the first llama_decode call to the return of the last one,
+        before the synchronization (on GPUs: the host's work to prepare and queue the ubatches, and any
+        waits inside llama_decode).
+        """
         self._check_open()
         cdef int32_t n_batch = self.batch_cap  # llama.cpp's n_batch, capped at n_ctx
         cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
         cdef bint add_bos = llama_vocab_get_add_bos(self.model.vocab)
         cdef llama_token bos = llama_vocab_bos(self.model.vocab)
         cdef int32_t done = 0, chunk, i, rc = 0
+        cdef int64_t t0 = 0, t1 = 0
         with nogil:
             while done < n_prompt:
                 chunk = min(n_prompt - done, n_batch)
@@ -722,20 +742,28 @@ cdef class Context:
                     self.batch.token[i] = self._rand_token(n_vocab)
                 if done == 0 and add_bos:
                     self.batch.token[0] = bos
+                if done == 0:
+                    t0 = _now_ns()
                 rc = llama_decode(self.ptr, llama_batch_get_one(self.batch.token, chunk))
                 if rc != 0:
                     break
                 done += chunk
+            t1 = _now_ns()
             if rc == 0:
                 llama_synchronize(self.ptr)
         _check_decode(rc, "prompt run")
+        return t1 - t0 if n_prompt > 0 else 0
 
     def run_gen(self, int n_gen):
-        """Decode n_gen single random tokens, synchronizing after each (as llama-bench's tg)."""
+        """Decode n_gen single random tokens, synchronizing after each (as llama-bench's tg).
+
+        Returns the host time in ns: the llama_decode calls' time, without the synchronizations.
+        """
         self._check_open()
         cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
         cdef llama_pos pos = llama_memory_seq_pos_max(llama_get_memory(self.ptr), 0) + 1
         cdef int32_t i, rc = 0
+        cdef int64_t t0, host_ns = 0
         cdef llama_token tok = llama_vocab_bos(self.model.vocab) if llama_vocab_get_add_bos(self.model.vocab) \
             else self._rand_token(n_vocab)
         with nogil:
@@ -746,12 +774,15 @@ cdef class Context:
                 self.batch.seq_id[0][0] = 0
                 self.batch.logits[0] = 1
                 self.batch.n_tokens = 1
+                t0 = _now_ns()
                 rc = llama_decode(self.ptr, self.batch)
+                host_ns += _now_ns() - t0
                 if rc != 0:
                     break
                 llama_synchronize(self.ptr)
                 pos += 1
                 tok = self._rand_token(n_vocab)
         _check_decode(rc, "generation run")
+        return host_ns
 
 include "_allreduce.pxi"
