@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pyllama_so import _llama, synth
-from pyllama_so.bench.__main__ import main
+from pyllama_so.bench.__main__ import main, parser
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -75,9 +75,47 @@ def test_progress_goes_to_stderr(tiny_model: Path, capsys: pytest.CaptureFixture
     assert json.loads(out.out)["n_prompt"] == 8
 
 
-def test_split_overlap_reports_not_wired(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, _, err = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1", "-so", "1")
-    assert rc == 1 and "split overlap" in err
+def test_split_overlap_without_tensor_split_is_nothing_to_run(tiny_model: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Every combination skipped (-so 1 with the default -sm layer): an error before any model loads."""
+    rc, out, err = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1", "-so", "1")
+    assert rc == 2 and out == ""
+    assert err.splitlines() == [
+        "bench: error: nothing to run: skipping -so 1 with -sm layer: split overlap needs -sm tensor"]
+
+
+@pytest.mark.parametrize("value, expected", [(None, [False]), ("1", [True]), ("on", [True]), ("0,1", [False, True])])
+def test_split_overlap_default_from_environment(monkeypatch: pytest.MonkeyPatch, value: str | None,
+                                                expected: list[bool]) -> None:
+    if value is None:
+        monkeypatch.delenv("LLAMA_ARG_SPLIT_OVERLAP", raising=False)
+    else:
+        monkeypatch.setenv("LLAMA_ARG_SPLIT_OVERLAP", value)
+    assert parser().parse_args([]).split_overlap == expected
+    assert parser().parse_args(["-so", "0"]).split_overlap == [False]  # the flag wins over the variable
+
+
+def test_json_without_split_overlap_records_lane_0(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """-so 0: every ubatch on lane 0, graph builds from llama.cpp's graph-reuse counter, and host time."""
+    rc, out, _ = run(capsys, "-m", str(tiny_model), "-p", "32", "-n", "3", "-ub", "16", "-r", "2", "-o", "jsonl",
+                     "-t", "2")
+    assert rc == 0
+    pp, tg = (json.loads(line) for line in out.splitlines())
+    # pp32: warm-up + 2 repetitions of 2 ubatches; tg3: warm-up of 1 token + 2 repetitions of 3
+    for r, ubatches in ((pp, 6), (tg, 7)):
+        so = r["split_overlap"]
+        assert so["requested"] is False and so["enabled"] is False and so["reason"] == "not requested", so
+        assert so["ubatches"] == [ubatches, 0] and so["waits"] == [0, 0], so
+        assert 1 <= so["graph_builds"][0] <= ubatches and so["graph_builds"][1] == 0, so
+        assert isinstance(r["host_ms_per_ubatch"], float) and r["host_ms_per_ubatch"] > 0
+
+
+def test_csv_writes_objects_as_json(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1", "-o", "csv")
+    assert rc == 0
+    row = next(csv.DictReader(io.StringIO(out)))
+    assert json.loads(row["split_overlap"])["reason"] == "not requested"
+    assert json.loads(row["allreduce_calls"]) == {}
 
 
 @pytest.mark.parametrize("bad", [["-sm", "diagonal"], ["-p", "-3"], ["-fa", "sometimes"], ["-o", "xml"],

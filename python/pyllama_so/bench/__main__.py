@@ -73,7 +73,8 @@ def parser() -> argparse.ArgumentParser:
                     default=A.env_default("THREADS", str(default_threads())))
     ap.add_argument("-so", "--split-overlap", type=A.comma_list(A.boolean),
                     default=env("SPLIT_OVERLAP", d.split_overlap),
-                    help="alternate prompt ubatches between two lanes (0/1)")
+                    help="alternate prompt ubatches between two lanes (0/1; only with -sm tensor, other "
+                         "combinations are skipped; env LLAMA_ARG_SPLIT_OVERLAP)")
     ap.add_argument("-r", "--repetitions", type=A.positive_int, default=d.repetitions)
     ap.add_argument("-o", "--output", choices=list(PRINTERS), default="md")
     ap.add_argument("--no-warmup", action="store_true")
@@ -131,8 +132,14 @@ def _main(argv: list[str] | None) -> int:
     ns = parser().parse_args(argv)
     _llama.set_log_level("info" if ns.verbose else "error")
     params = params_from_args(ns)
-    if params.count() == 0:
+    if next(params.tests(), None) is None:
         raise SystemExit("bench: nothing to run (all of -p, -n and -pg are empty or 0)")
+    skipped = params.skipped()
+    if params.count() == 0:
+        error(f"error: nothing to run: {'; '.join(skipped)}")
+        return 2
+    for note in skipped:
+        error(f"note: {note}")
     try:
         check_combinations(params)
     except ValueError as e:
@@ -143,7 +150,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         for result in run_benchmarks(params, progress=not ns.no_progress):
             printer.result(result)
-    except (NotImplementedError, _llama.LlamaError, ValueError) as e:
+    except (_llama.LlamaError, ValueError) as e:
         error(f"error: {e}")
         return 1
     finally:

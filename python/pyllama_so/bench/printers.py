@@ -17,7 +17,7 @@ def tensor_split_str(ts: tuple[float, ...]) -> str:
 
 
 def fields(r: TestResult) -> dict[str, Any]:
-    """One result as llama-bench's JSON fields (plus split_overlap, ours)."""
+    """One result as llama-bench's JSON fields (plus ours: allreduce_calls, split_overlap, host_ms_per_ubatch)."""
     return {
         "build_commit": _build_info.UPSTREAM_COMMIT[:9],
         "build_number": 0,
@@ -39,7 +39,6 @@ def fields(r: TestResult) -> dict[str, Any]:
         "main_gpu": r.model.main_gpu,
         "flash_attn": r.ctx.flash_attn,
         "tensor_split": tensor_split_str(r.model.tensor_split),
-        "split_overlap": r.ctx.split_overlap,
         "n_prompt": r.test.n_prompt,
         "n_gen": r.test.n_gen,
         "n_depth": r.test.n_depth,
@@ -51,6 +50,8 @@ def fields(r: TestResult) -> dict[str, Any]:
         "samples_ns": r.samples_ns,
         "samples_ts": r.samples_ts,
         "allreduce_calls": r.allreduce_calls,
+        "split_overlap": r.split_overlap,
+        "host_ms_per_ubatch": r.host_ms_per_ubatch,
     }
 
 
@@ -92,7 +93,7 @@ class CsvPrinter(Printer):
         self.writer: csv.DictWriter[str] | None = None
 
     def result(self, r: TestResult) -> None:
-        row = {k: (json.dumps(v) if isinstance(v, list) else v) for k, v in fields(r).items()}
+        row = {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in fields(r).items()}
         if self.writer is None:
             self.writer = csv.DictWriter(self.out, fieldnames=list(row))
             self.writer.writeheader()

@@ -3,18 +3,22 @@
 Per instance: a fresh context of n_prompt + n_gen + n_depth tokens; a warm-up (one prompt run, one
 generated token); then per repetition: clear the KV cache, fill it to the depth (untimed), and time
 the prompt run and/or the generation run. t/s is the mean of the per-repetition rates.
+
+Split overlap (-so 1) runs only under -sm tensor: other combinations with it are skipped, not failed.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import math
 import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyllama_so import _llama, allreduce
 
@@ -96,9 +100,28 @@ class BenchParams:
             yield from (Test(0, n, d) for n in self.n_gen if n > 0)
             yield from (Test(p, n, d) for p, n in self.pg)
 
+    def combinations(self) -> Iterator[tuple[ModelParams, ContextParams]]:
+        """The model and context parameters that run, in order (skipped ones left out)."""
+        for mp in self.model_params():
+            for cp in self.context_params():
+                if skip_reason(mp, cp) is None:
+                    yield mp, cp
+
+    def skipped(self) -> list[str]:
+        """One note per reason a combination of the lists is skipped."""
+        notes = {skip_reason(mp, cp) for mp in self.model_params() for cp in self.context_params()}
+        return sorted(n for n in notes if n is not None)
+
     def count(self) -> int:
-        return sum(1 for _ in self.model_params()) * sum(1 for _ in self.context_params()) * sum(
-            1 for _ in self.tests())
+        return sum(1 for _ in self.combinations()) * sum(1 for _ in self.tests())
+
+
+def skip_reason(mp: ModelParams, cp: ContextParams) -> str | None:
+    """Why this combination is not run, or None. Llama refuses it (ValueError); a comma list that
+    mixes split modes should still run the rest."""
+    if cp.split_overlap and mp.split_mode != "tensor":
+        return f"skipping -so 1 with -sm {mp.split_mode}: split overlap needs -sm tensor"
+    return None
 
 
 # Every axis at its default: the command line's defaults, and what the printers leave out.
@@ -116,6 +139,8 @@ class TestResult:
     samples_ns: list[int]
     test_time: str
     allreduce_calls: dict[str, int] = field(default_factory=dict)  # per AllReduce path, CUDA builds
+    split_overlap: dict[str, Any] = field(default_factory=dict)  # what the lanes did (split_overlap_fields)
+    host_ms_per_ubatch: float | None = None  # host time in llama_decode per ubatch, timed runs only
 
     @property
     def samples_ts(self) -> list[float]:
@@ -173,27 +198,70 @@ def model_label(model: _llama.Model) -> str:
     return f"{name} {parts[2]}" if len(parts) == 3 else name
 
 
-def _run_test(ctx: _llama.Context, test: Test, reps: int, warmup: bool, note: Callable[[str], None]) -> list[int]:
+def prompt_ubatches(ctx: _llama.Context, n_prompt: int) -> int:
+    """Ubatches of a run_prompt: llama_decode calls of n_batch tokens, each cut into n_ubatch pieces."""
+    full, rest = divmod(n_prompt, ctx.n_batch)
+    return full * math.ceil(ctx.n_batch / ctx.n_ubatch) + math.ceil(rest / ctx.n_ubatch)
+
+
+@dataclass
+class _Runs:
+    samples_ns: list[int] = field(default_factory=list)
+    host_ns: int = 0  # in llama_decode, timed runs
+    host_ubatches: int = 0  # timed runs
+    ubatches: int = 0  # every run of the context: warm-up and depth too
+
+
+def _run_test(ctx: _llama.Context, test: Test, reps: int, warmup: bool, note: Callable[[str], None]) -> _Runs:
+    runs = _Runs()
+
+    def prompt(n: int, timed: bool) -> None:
+        host = ctx.run_prompt(n)
+        ub = prompt_ubatches(ctx, n)
+        runs.ubatches += ub
+        if timed:
+            runs.host_ns += host
+            runs.host_ubatches += ub
+
+    def gen(n: int, timed: bool) -> None:
+        host = ctx.run_gen(n)
+        runs.ubatches += n
+        if timed:
+            runs.host_ns += host
+            runs.host_ubatches += n
+
     if warmup:
         note("warm-up")
         if test.n_prompt:
-            ctx.run_prompt(test.n_prompt)
+            prompt(test.n_prompt, False)
         if test.n_gen:
-            ctx.run_gen(1)
-    samples = []
+            gen(1, False)
     for rep in range(reps):
         ctx.clear()
         if test.n_depth:
             note(f"depth {rep + 1}/{reps}")
-            ctx.run_prompt(test.n_depth)
+            prompt(test.n_depth, False)
         note(f"rep {rep + 1}/{reps}")
         t0 = time.perf_counter_ns()
         if test.n_prompt:
-            ctx.run_prompt(test.n_prompt)
+            prompt(test.n_prompt, True)
         if test.n_gen:
-            ctx.run_gen(test.n_gen)
-        samples.append(time.perf_counter_ns() - t0)
-    return samples
+            gen(test.n_gen, True)
+        runs.samples_ns.append(time.perf_counter_ns() - t0)
+    return runs
+
+
+def split_overlap_fields(ctx: _llama.Context, requested: bool, ubatches: int) -> dict[str, Any]:
+    """The lanes' counts over the context's life (warm-up included), [lane 0, lane 1]. Without lanes
+    everything ran on lane 0, and its graph builds are llama.cpp's (ubatches whose graph was not reused):
+    the lanes count the same thing, the graphs their Meta backend built."""
+    st = ctx.split_overlap_stats()
+    if st["enabled"]:
+        ubs, builds = st["ubatches"], st["graph_builds"]
+    else:
+        ubs, builds = [ubatches, 0], [ubatches - ctx.graphs_reused, 0]
+    return {"requested": requested, "enabled": st["enabled"], "reason": st["reason"], "ubatches": ubs,
+            "graph_builds": builds, "waits": st["waits"]}
 
 
 def _progress(total: int, enabled: bool) -> Callable[[int, Test, str], None]:
@@ -213,32 +281,38 @@ def _progress(total: int, enabled: bool) -> Callable[[int, Test, str], None]:
 
 
 def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestResult]:
-    """Run every combination; yield each result as soon as it is measured."""
-    if any(params.split_overlap):  # before any model is loaded
-        raise NotImplementedError("-so 1: split overlap is not wired to the library yet")
+    """Run every combination that is not skipped (params.skipped() says which are); yield each result
+    as soon as it is measured."""
     note = _progress(params.count(), progress)
     index = 0
     for mp in params.model_params():
+        contexts = [cp for cp in params.context_params() if skip_reason(mp, cp) is None]
+        if not contexts:
+            continue
         model = _llama.Model.load(mp.model, n_gpu_layers=mp.n_gpu_layers, split_mode=mp.split_mode,
                                   main_gpu=mp.main_gpu, tensor_split=list(mp.tensor_split) or None)
         try:
             label = model_label(model)
-            for cp in params.context_params():
+            for cp in contexts:
                 for test in params.tests():
                     index += 1
                     ctx = _llama.Context(model, n_ctx=test.n_prompt + test.n_gen + test.n_depth,
                                          n_batch=cp.n_batch, n_ubatch=cp.n_ubatch, n_threads=cp.n_threads,
-                                         flash_attn=cp.flash_attn, type_k=cp.type_k, type_v=cp.type_v)
+                                         flash_attn=cp.flash_attn, type_k=cp.type_k, type_v=cp.type_v,
+                                         split_overlap=cp.split_overlap)
                     try:
                         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                         allreduce.reset_allreduce_stats()  # the counts include warm-up and depth-filling runs
-                        samples = _run_test(ctx, test, params.repetitions, params.warmup,
-                                            functools.partial(note, index, test))
+                        runs = _run_test(ctx, test, params.repetitions, params.warmup,
+                                         functools.partial(note, index, test))
                         stats = allreduce.allreduce_stats()
+                        lanes = split_overlap_fields(ctx, cp.split_overlap, runs.ubatches)
                     finally:
                         ctx.free()
                     note(index, test, "")  # clears the terminal line
                     calls = {k: v.calls for k, v in stats.paths.items() if v.calls}
-                    yield TestResult(mp, cp, test, label, model.size, model.n_params, samples, stamp, calls)
+                    host = runs.host_ns / runs.host_ubatches / 1e6 if runs.host_ubatches else None
+                    yield TestResult(mp, cp, test, label, model.size, model.n_params, runs.samples_ns, stamp,
+                                     calls, lanes, host)
         finally:
             model.free()
