@@ -87,9 +87,14 @@ def test_token_out_of_range(tiny_model: Path) -> None:
             llm.eval([llm.n_vocab()])
 
 
-def test_split_overlap_not_wired_yet(tiny_model: Path) -> None:
-    with pytest.raises(NotImplementedError, match="split_overlap"):
-        Llama(tiny_model, split_overlap=True)
+@pytest.mark.parametrize("split_mode", ["layer", "none", "row", 1])
+def test_split_overlap_needs_tensor_split(tiny_model: Path, split_mode: str | int) -> None:
+    """A ValueError: the lanes only overlap tensor split's AllReduces; a non-bool is a TypeError."""
+    said = r"split_overlap needs split_mode=\"tensor\" \(got split_mode='(layer|none|row)'\)"
+    with pytest.raises(ValueError, match=said):
+        Llama(tiny_model, split_mode=split_mode, split_overlap=True)
+    with pytest.raises(TypeError, match="split_overlap must be a bool"):
+        Llama(tiny_model, split_mode="tensor", split_overlap=1)  # type: ignore[arg-type]
 
 
 def test_process_usable_after_errors(tmp_path: Path, tiny_model: Path) -> None:

@@ -44,6 +44,15 @@ class Llama:
 
     verbose: show llama.cpp's log from the info level on (default: warnings and errors). A level set
     with pyllama_so.set_log_level() before is kept: verbose=True only lowers it to info.
+
+    split_overlap: with split_mode="tensor", consecutive ubatches of at least 64 tokens alternate
+    between two lanes (each with its own scheduler, streams, AllReduce context and compute buffers),
+    so one ubatch's AllReduces run while the next ubatch computes. It helps prompt processing where
+    the AllReduces take a noticeable share of the time; n_ubatch is the size of each lane's ubatch.
+    The logits are bitwise identical to those without it. Decoding (ubatches under 64 tokens) stays
+    on lane 0. Each lane reserves its own compute buffers. Without split_mode="tensor" it is a
+    ValueError; where the library keeps the lanes off (e.g. not every layer on the split devices),
+    a UserWarning says why. split_overlap_stats() tells what ran; docs/multi-gpu.md has the details.
     """
 
     # defaults for close() and __del__ when __init__ never ran (a misspelled keyword)
@@ -84,8 +93,9 @@ class Llama:
             raise ValueError(f"main_gpu {main_gpu} out of range: {n_gpus} GPU device(s)")
         if not isinstance(split_overlap, bool):
             raise TypeError("split_overlap must be a bool")
-        if split_overlap:
-            raise NotImplementedError("split_overlap is not wired to the library yet (see the split-overlap issue)")
+        if split_overlap and mode != "tensor":
+            raise ValueError(f'split_overlap needs split_mode="tensor" (got split_mode={mode!r}): the two lanes '
+                             "overlap the AllReduces of tensor split")
         _check_gguf_file(path)
 
         self.model_path = str(path)
@@ -102,7 +112,7 @@ class Llama:
             self._ctx = _llama.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                        n_threads=n_threads or max(cpus // 2, 1),
                                        n_threads_batch=n_threads_batch or cpus,
-                                       flash_attn=fa, type_k=tk, type_v=tv)
+                                       flash_attn=fa, type_k=tk, type_v=tv, split_overlap=split_overlap)
         except BaseException:
             self._model.free()
             self._model = None
@@ -110,6 +120,10 @@ class Llama:
         if n_ctx and self._ctx.n_ctx != n_ctx:
             warnings.warn(f"n_ctx={n_ctx} became {self._ctx.n_ctx}: llama.cpp rounds the context up to a "
                           "multiple of 256 tokens", UserWarning, stacklevel=2)
+        if split_overlap:
+            stats = self._ctx.split_overlap_stats()
+            if not stats["enabled"]:  # llama.cpp logs it too, but the log may be hidden
+                warnings.warn(f"split_overlap stays off: {stats['reason']}", UserWarning, stacklevel=2)
 
     # -- lifetime --
 
@@ -161,6 +175,11 @@ class Llama:
     def n_tokens(self) -> int:
         """Tokens currently held in the context."""
         return len(self._tokens)
+
+    def split_overlap_stats(self) -> dict[str, Any]:
+        """What split overlap did: enabled, reason (why the lanes are off, or "on"), next_lane, and
+        per lane [lane 0, lane 1]: ubatches, graph_builds, waits (on the other lane) and records."""
+        return self._parts()[1].split_overlap_stats()
 
     @property
     def model(self) -> _llama.Model:
