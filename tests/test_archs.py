@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import pyllama_so
@@ -57,10 +58,66 @@ def test_arch(request: pytest.FixtureRequest, arch: str, moe: bool, cfg: archs.D
 
 
 def test_default_subset_runs_tensor_split_on_virtual_devices() -> None:
-    """The Meta rows over 2 and 3 virtual devices exist, so tensor split is tested without a GPU."""
-    metas = [c for c in CONFIGS if c.tensor and not c.gpu]
-    assert [len(c.devices) for c in metas] == [2, 3]
+    """The Meta rows over 2 and 3 virtual devices exist, each without and with split overlap, so tensor
+    split and its lanes are tested without a GPU."""
+    metas = [(len(c.devices), c.split_overlap, c.label) for c in CONFIGS if c.tensor and not c.gpu]
+    assert metas == [(2, False, "Meta(CPUV0,CPUV1)"), (2, True, "Meta(CPUV0,CPUV1) -so"),
+                     (3, False, "Meta(CPUV0,CPUV1,CPUV2)"), (3, True, "Meta(CPUV0,CPUV1,CPUV2) -so")]
     assert archs.testing.arch_flags("llama")["sm_tensor"]
+
+
+def _so_config(n_devices: int) -> archs.DeviceConfig:
+    return next(c for c in CONFIGS if c.split_overlap and not c.gpu and len(c.devices) == n_devices)
+
+
+@pytest.mark.parametrize("n_devices", [2, 3])
+def test_split_overlap_rows_run_both_lanes(n_devices: int) -> None:
+    """The runner's 128 tokens in ubatches of 64 put one ubatch on each lane, so a -so row tests the lanes."""
+    cfg = _so_config(n_devices)
+    runner = archs.Runner()
+    model = runner._model("llama", False, cfg.devices, cfg.split_mode)
+    try:
+        ctx = runner._context(model, False, cfg.split_overlap)
+        try:
+            archs.testing.arch_logits(ctx, runner.tokens)
+            stats = ctx.split_overlap_stats()
+        finally:
+            ctx.free()
+    finally:
+        model.free()
+    assert stats["enabled"] and stats["reason"] == "on", stats
+    assert stats["ubatches"] == [1, 1], stats
+
+
+@pytest.mark.parametrize("n_devices", [2, 3])
+def test_split_overlap_row_is_compared_bitwise_with_meta(n_devices: int) -> None:
+    """A -so row fails when its logits are not bitwise the plain Meta row's, even by one ulp in one logit."""
+    cfg = _so_config(n_devices)
+    runner = archs.Runner()
+    plain = next(c for c in CONFIGS if c.tensor and not c.split_overlap and c.devices == cfg.devices)
+    assert runner.run("qwen3", False, plain).ok
+    assert runner.run("qwen3", False, cfg).ok  # against the logits the plain row left in the runner
+    key = ("qwen3", False, cfg.devices)
+    ref = runner._meta[key]
+    ref[5, 7] = np.nextafter(ref[5, 7], np.inf)  # the cache holds the row's array
+    row = runner.run("qwen3", False, cfg)
+    assert row.executed and not row.ok, row
+    assert row.nmse_status == "FAIL (vs. Meta)" and row.nmse is not None and row.nmse <= archs.NMSE_MAX, row
+    assert "in 1 of 128 tokens" in row.error and "bitwise" in row.error, row.error
+
+
+def test_split_overlap_row_fails_when_lanes_stay_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Devices without events (the test-only GGML_CPU_VIRTUAL_NO_EVENTS) keep the lanes off: the -so row fails
+    saying so, where equal logits alone would pass it; the plain Meta row is unaffected."""
+    monkeypatch.setenv("GGML_CPU_VIRTUAL_NO_EVENTS", "1")
+    cfg = _so_config(2)
+    runner = archs.Runner()
+    plain = next(c for c in CONFIGS if c.tensor and not c.split_overlap and c.devices == cfg.devices)
+    assert runner.run("llama", False, plain).ok
+    row = runner.run("llama", False, cfg)
+    assert row.executed and not row.ok, row
+    assert row.nmse_status == "FAIL (lanes off)", row
+    assert row.error == "split overlap stays off: a device has no events", row.error
 
 
 @pytest.mark.parametrize("n_devices", [2, 3])
@@ -96,6 +153,13 @@ def test_cli_fails_on_broken_event_wait(monkeypatch: pytest.MonkeyPatch, capsys:
     assert "Meta(CPUV0,CPUV1)" in out and "FAIL" in out and "failed" in out
 
 
+def test_cli_shows_split_overlap_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    assert archs.main(["-a", "^llama$"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "Meta(CPUV" in line and "-so |" in line]
+    assert len(rows) == 4 and all("OK (" in r for r in rows), out  # dense and MoE, over 2 and 3 devices
+
+
 def test_arch_list_matches_upstream_exclusions() -> None:
     names = archs.testing.arch_names()
     assert "llama" in names and "mamba" in names
@@ -105,8 +169,6 @@ def test_arch_list_matches_upstream_exclusions() -> None:
 
 def test_llama_tensor_split_on_virtual_devices(tiny_model: Path) -> None:
     """The user-facing path: Llama(split_mode="tensor") over the virtual devices equals the CPU."""
-    import numpy as np
-
     from pyllama_so import Llama
 
     def logits(**kw: object) -> np.ndarray:
@@ -142,11 +204,11 @@ def test_cli_with_fewer_virtual_devices_skips_what_it_cannot_run() -> None:
     res = python("-m", "pyllama_so.archs", "-a", "^qwen3$", virtual_devices="2")
     assert res.returncode == 0, res.stdout + res.stderr
     rows = {line.split("|")[2].strip(): line for line in res.stdout.splitlines() if line.startswith("|")}
-    for label in ("CPUV2", "Meta(CPUV0,CPUV1,CPUV2)"):
+    for label in ("CPUV2", "Meta(CPUV0,CPUV1,CPUV2)", "Meta(CPUV0,CPUV1,CPUV2) -so"):
         assert rows[label].split("|")[4].strip() == "SKIP", rows[label]
-    assert "OK" in rows["Meta(CPUV0,CPUV1)"]
+    assert "OK" in rows["Meta(CPUV0,CPUV1)"] and "OK" in rows["Meta(CPUV0,CPUV1) -so"]
     assert "no device CPUV2: only 2 CPU virtual devices exist" in res.stderr
-    assert "Summary: 4 executed, 0 failed, 2 skipped" in res.stdout
+    assert "Summary: 5 executed, 0 failed, 3 skipped" in res.stdout
 
 
 @pytest.mark.parametrize("value, made, said", [

@@ -4,7 +4,9 @@ For each architecture (dense and MoE variants) a tiny random-weight model is bui
 metadata and run on every device configuration: NMSE of the logits vs the CPU < 1e-4, the
 causal-attention toggle, and a bitwise save/load round trip. A row is SKIP exactly where upstream
 skips it. Tensor split runs on CPU virtual devices (ggml/include/ggml-cpu-virtual.h), so the Meta
-backend is exercised without a GPU.
+backend is exercised without a GPU. The `Meta -so` rows run tensor split with split overlap (two
+lanes; the 128 tokens are two ubatches of 64, one per lane) and must also equal the plain Meta row's
+logits bitwise.
 
     python -m pyllama_so.archs [-a REGEX] [-b DEVICE] [-s SEED] [-d STDEV] [-t THREADS]
 """
@@ -40,6 +42,7 @@ class DeviceConfig:
     devices: tuple[str, ...]  # device names, resolved when the row runs (virtual ones are made lazily)
     split_mode: str  # "layer" or "tensor"
     gpu: bool = False
+    split_overlap: bool = False  # tensor split with two lanes: compared bitwise with the plain Meta row too
 
     @property
     def tensor(self) -> bool:
@@ -77,7 +80,8 @@ def ensure_virtual_devices(n: int = VIRTUAL_DEVICES) -> int:
 
 
 def device_configs(backend: str | None = None) -> list[DeviceConfig]:
-    """Each device alone (layer split), then Meta over 2 and 3 virtual devices and over the GPUs.
+    """Each device alone (layer split), then Meta over 2 and 3 virtual devices and over the GPUs, each
+    Meta followed by its `-so` (split overlap) row (over the GPUs only when there are 2 or more).
 
     The plan needs no virtual device to exist yet: they cannot be removed from a process once made,
     so they are created only when the first row that uses one runs.
@@ -92,10 +96,15 @@ def device_configs(backend: str | None = None) -> list[DeviceConfig]:
            for d in devs if backend in (None, d["name"])]
     out += [DeviceConfig(v, (v,), "layer") for v in virtual if backend in (None, v)]
     if backend is None:
-        out += [DeviceConfig(f"Meta({','.join(virtual[:n])})", tuple(virtual[:n]), "tensor") for n in (2, 3)]
+        for n in (2, 3):
+            label = f"Meta({','.join(virtual[:n])})"
+            out += [DeviceConfig(label, tuple(virtual[:n]), "tensor"),
+                    DeviceConfig(f"{label} -so", tuple(virtual[:n]), "tensor", split_overlap=True)]
         gpus = tuple(d["name"] for d in devs if _is_gpu(d))
         if gpus:
             out.append(DeviceConfig("Meta(GPUs)", gpus, "tensor", gpu=True))
+        if len(gpus) >= 2:  # lanes over one device would only add a second scheduler
+            out.append(DeviceConfig("Meta(GPUs) -so", gpus, "tensor", gpu=True, split_overlap=True))
     return out
 
 
@@ -158,14 +167,21 @@ class Runner:
         self.n_threads = n_threads
         self.tokens = tokens(seed)
         self._cpu: dict[tuple[str, bool], np.ndarray | Exception] = {}  # a failure is kept too: no rebuild per row
+        # logits of passed plain Meta rows, by (arch, moe, devices): what the -so rows must equal bitwise
+        self._meta: dict[tuple[str, bool, tuple[str, ...]], np.ndarray] = {}
 
     def _model(self, arch: str, moe: bool, devices: Sequence[str], split_mode: str) -> _llama.Model:
         return testing.arch_model(arch, moe, resolve(devices), split_mode, seed=self.seed, stdev=self.stdev,
                                  drop_keys=_DROP_KEYS.get(arch, ()))
 
-    def _context(self, model: _llama.Model, encode: bool) -> _llama.Context:
+    @staticmethod
+    def n_ubatch(encode: bool) -> int:
+        return 512 if encode else 64  # upstream's; the encoder needs the whole batch in one ubatch
+
+    def _context(self, model: _llama.Model, encode: bool, split_overlap: bool = False) -> _llama.Context:
         # upstream: n_ctx from the model, ubatch 64 unless the model encodes (threads: -t, default 2)
-        return _llama.Context(model, n_ctx=0, n_ubatch=512 if encode else 64, n_threads=self.n_threads)
+        return _llama.Context(model, n_ctx=0, n_ubatch=self.n_ubatch(encode), n_threads=self.n_threads,
+                              split_overlap=split_overlap)
 
     def _logits(self, model: _llama.Model, encode: bool) -> np.ndarray:
         ctx = self._context(model, encode)
@@ -189,6 +205,17 @@ class Runner:
         if isinstance(ref, Exception):
             raise ref
         return ref
+
+    def meta_logits(self, arch: str, moe: bool, cfg: DeviceConfig, encode: bool) -> np.ndarray:
+        """The plain Meta logits on cfg's devices: those of its row when it passed, else computed now."""
+        key = (arch, moe, cfg.devices)
+        if key not in self._meta:
+            model = self._model(arch, moe, cfg.devices, cfg.split_mode)
+            try:
+                return self._logits(model, encode)
+            finally:
+                model.free()
+        return self._meta[key]
 
     def run(self, arch: str, moe: bool, cfg: DeviceConfig) -> Row:
         row = Row(arch, moe, cfg.label)
@@ -217,15 +244,20 @@ class Runner:
         encode = f["encode"]
         row.executed = True
         ref = self.cpu_logits(row.arch, row.moe, encode)
+        meta = self.meta_logits(row.arch, row.moe, cfg, encode) if cfg.split_overlap else None
         model = self._model(row.arch, row.moe, cfg.devices, cfg.split_mode)
         try:
-            ctx = self._context(model, encode)
+            ctx = self._context(model, encode, cfg.split_overlap)
             try:
                 logits = testing.arch_logits(ctx, self.tokens, encode)
                 row.nmse = nmse(ref, logits)
                 row.nmse_status = "OK" if row.nmse <= NMSE_MAX else "FAIL"
+                if meta is not None:
+                    self._check_lanes(row, ctx, encode, logits, meta)
                 if row.nmse_status == "OK" and not encode and not testing.arch_causal_toggle_ok(ctx, self.tokens):
                     row.nmse_status = "FAIL (toggle)"
+                if cfg.tensor and not cfg.split_overlap and row.nmse_status == "OK":
+                    self._meta[(row.arch, row.moe, cfg.devices)] = logits
             finally:
                 ctx.free()
             # upstream: the saver copies tensors, which breaks the Meta backend's tensor mapping
@@ -235,6 +267,25 @@ class Runner:
                     row.roundtrip_status = "OK"
         finally:
             model.free()
+
+    def _check_lanes(self, row: Row, ctx: _llama.Context, encode: bool, logits: np.ndarray,
+                     meta: np.ndarray) -> None:
+        """A -so row: the lanes ran (both, when the tokens make two ubatches of >= 64) and the logits
+        are bitwise those of plain Meta; otherwise the row fails saying which."""
+        st = ctx.split_overlap_stats()
+        both = N_TOKENS >= 2 * self.n_ubatch(encode)  # an encoder's one large ubatch stays on lane 0
+        if not st["enabled"]:
+            row.nmse_status, row.error = "FAIL (lanes off)", f"split overlap stays off: {st['reason']}"
+        elif both and not all(st["ubatches"]):
+            row.nmse_status, row.error = "FAIL (one lane)", f"a lane ran no ubatch: ubatches {st['ubatches']}"
+        elif logits.shape != meta.shape:
+            row.nmse_status = "FAIL (vs. Meta)"
+            row.error = f"logits of shape {logits.shape}, plain Meta's {meta.shape}"
+        elif not np.array_equal(logits, meta, equal_nan=True):
+            differ = int((logits != meta).any(axis=-1).sum())
+            row.nmse_status = "FAIL (vs. Meta)"
+            row.error = (f"logits differ from plain Meta's in {differ} of {len(meta)} tokens "
+                         "(split overlap must be bitwise identical)")
 
     def _roundtrip_equal(self, model: _llama.Model, cfg: DeviceConfig, encode: bool, logits: np.ndarray) -> bool:
         with tempfile.TemporaryDirectory(prefix="pyllama_so-archs-") as tmp:
