@@ -235,3 +235,86 @@ def test_tensor_split_longer_than_devices(tiny_model: Path, capsys: pytest.Captu
         main(["-m", str(tiny_model), "-ts", "/".join(["1"] * n)])
     assert e.value.code == 2
     assert f"tensor_split has {n} entries" in capsys.readouterr().err
+
+
+@pytest.fixture
+def context_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """The bench's contexts record their runs: ("prompt", n_tokens), ("gen", n_tokens), ("clear", 0)."""
+    calls: list[tuple[str, int]] = []
+
+    class Recording(_llama.Context):  # type: ignore[misc]
+        def run_prompt(self, n_prompt: int) -> int:
+            calls.append(("prompt", n_prompt))
+            return int(super().run_prompt(n_prompt))
+
+        def run_gen(self, n_gen: int) -> int:
+            calls.append(("gen", n_gen))
+            return int(super().run_gen(n_gen))
+
+        def clear(self, data: bool = False) -> None:
+            calls.append(("clear", 0))
+            super().clear(data)
+
+    monkeypatch.setattr(_llama, "Context", Recording)
+    return calls
+
+
+@pytest.mark.parametrize("flags, n", [([], 1), (["--no-warmup"], 0), (["--warmup-runs", "0"], 0),
+                                      (["--no-warmup", "--warmup-runs", "0"], 0), (["--warmup-runs", "1"], 1),
+                                      (["--warmup-runs", "2"], 2), (["--warmup-runs", "3"], 3)])
+def test_warmup_runs_as_asked(tiny_model: Path, capsys: pytest.CaptureFixture[str],
+                              context_calls: list[tuple[str, int]], flags: list[str], n: int) -> None:
+    """The first warm-up run is llama-bench's (the prompt, one generated token, on the fresh context);
+    each further one is an untimed repetition (clear, fill to the depth, the prompt, one token)."""
+    rc, out, _ = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "2", "-d", "4", "-r", "2", "-o", "jsonl",
+                     "-t", "2", *flags)
+    assert rc == 0
+    pp, tg = (json.loads(line) for line in out.splitlines())
+
+    def expected(run: tuple[str, int], timed: tuple[str, int]) -> list[tuple[str, int]]:
+        warmup = [run] + [("clear", 0), ("prompt", 4), run] * (n - 1) if n else []
+        return warmup + [("clear", 0), ("prompt", 4), timed] * 2
+
+    want_pp, want_tg = expected(("prompt", 8), ("prompt", 8)), expected(("gen", 1), ("gen", 2))
+    assert context_calls == want_pp + want_tg
+    for r, calls in ((pp, want_pp), (tg, want_tg)):
+        assert r["warmup_runs"] == n
+        assert len(r["samples_ns"]) == 2  # warm-up runs are not timed
+        # every ubatch of the context, warm-up included: one per prompt run (-ub 512), one per generated token
+        ubatches = sum(1 if kind == "prompt" else count for kind, count in calls if kind != "clear")
+        assert r["split_overlap"]["ubatches"] == [ubatches, 0]
+
+
+def test_warmup_runs_recorded_in_json_csv_not_markdown(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1", "-t", "2", "--warmup-runs", "2"]
+    rc, out, _ = run(capsys, *common, "-o", "json")
+    assert rc == 0 and [r["warmup_runs"] for r in json.loads(out)] == [2]
+    rc, out, _ = run(capsys, *common, "-o", "jsonl")
+    assert rc == 0 and json.loads(out)["warmup_runs"] == 2
+    rc, out, _ = run(capsys, *common, "-o", "csv")
+    assert rc == 0 and next(csv.DictReader(io.StringIO(out)))["warmup_runs"] == "2"
+    rc, out, _ = run(capsys, *common)  # markdown: llama-bench's columns, nothing added
+    assert rc == 0 and "warmup" not in out and len(out.splitlines()) == 3
+
+
+@pytest.mark.parametrize("value", ["-1", "x", "1.5", ""])
+def test_warmup_runs_bad_value_is_one_error(tiny_model: Path, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["-m", str(tiny_model), f"--warmup-runs={value}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "error" in line] == [err[-1]]  # argparse's usage, then one error line
+    assert err[-1].startswith("python -m pyllama_so.bench: error: argument --warmup-runs: "
+                              "expected an integer >= 0, got")
+
+
+def test_no_warmup_with_warmup_runs_is_one_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reported before anything runs, even before the default synthetic model is written."""
+    monkeypatch.setenv("PYLLAMA_SO_CACHE", str(tmp_path))
+    monkeypatch.delenv("LLAMA_ARG_MODEL", raising=False)
+    rc, out, err = run(capsys, "--synthetic", "tiny", "--no-warmup", "--warmup-runs", "2")
+    assert rc == 2 and out == ""
+    assert err.splitlines() == [
+        "bench: error: --no-warmup conflicts with --warmup-runs 2 (--no-warmup is --warmup-runs 0)"]
+    assert not (tmp_path / "models").exists()

@@ -77,10 +77,24 @@ def parser() -> argparse.ArgumentParser:
                          "combinations are skipped; env LLAMA_ARG_SPLIT_OVERLAP)")
     ap.add_argument("-r", "--repetitions", type=A.positive_int, default=d.repetitions)
     ap.add_argument("-o", "--output", choices=list(PRINTERS), default="md")
-    ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--no-warmup", action="store_true", help="no warm-up run (the same as --warmup-runs 0)")
+    ap.add_argument("--warmup-runs", type=A.non_negative_int, default=None, metavar="N",
+                    help=f"warm-up runs before the timed repetitions (default {d.warmup_runs}: llama-bench's one "
+                         "prompt run and one generated token; each further run is an untimed repetition). "
+                         "2 covers CUDA graph capture: ggml-cuda captures a graph on its second identical run, "
+                         "so with one warm-up run the first timed repetition of a prompt test pays for it")
     ap.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     ap.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     return ap
+
+
+def warmup_runs(ns: argparse.Namespace) -> int:
+    """--warmup-runs, else 0 with --no-warmup, else the default; ValueError when the two flags disagree."""
+    if ns.warmup_runs is None:
+        return 0 if ns.no_warmup else DEFAULTS.warmup_runs
+    if ns.no_warmup and ns.warmup_runs > 0:
+        raise ValueError(f"--no-warmup conflicts with --warmup-runs {ns.warmup_runs} (--no-warmup is --warmup-runs 0)")
+    return int(ns.warmup_runs)
 
 
 def params_from_args(ns: argparse.Namespace) -> BenchParams:
@@ -97,7 +111,7 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
         n_batch=ns.batch_size, n_ubatch=ns.ubatch_size, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode,
         main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], flash_attn=ns.flash_attn,
         type_k=ns.cache_type_k, type_v=ns.cache_type_v, n_threads=ns.threads, split_overlap=ns.split_overlap,
-        repetitions=ns.repetitions, warmup=not ns.no_warmup)
+        repetitions=ns.repetitions, warmup_runs=warmup_runs(ns))
 
 
 def check_combinations(params: BenchParams) -> None:
@@ -131,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     ns = parser().parse_args(argv)
     _llama.set_log_level("info" if ns.verbose else "error")
+    try:
+        warmup_runs(ns)  # checked before a synthetic model may be written
+    except ValueError as e:
+        error(f"error: {e}")
+        return 2
     params = params_from_args(ns)
     if next(params.tests(), None) is None:
         raise SystemExit("bench: nothing to run (all of -p, -n and -pg are empty or 0)")

@@ -17,7 +17,8 @@ def tensor_split_str(ts: tuple[float, ...]) -> str:
 
 
 def fields(r: TestResult) -> dict[str, Any]:
-    """One result as llama-bench's JSON fields (plus ours: allreduce_calls, split_overlap, host_ms_per_ubatch)."""
+    """One result as llama-bench's JSON fields (plus ours: warmup_runs, allreduce_calls, split_overlap,
+    host_ms_per_ubatch; markdown shows none of them, as llama-bench's table)."""
     return {
         "build_commit": _build_info.UPSTREAM_COMMIT[:9],
         "build_number": 0,
@@ -49,6 +50,7 @@ def fields(r: TestResult) -> dict[str, Any]:
         "stddev_ts": r.stddev_ts,
         "samples_ns": r.samples_ns,
         "samples_ts": r.samples_ts,
+        "warmup_runs": r.warmup_runs,
         "allreduce_calls": r.allreduce_calls,
         "split_overlap": r.split_overlap,
         "host_ms_per_ubatch": r.host_ms_per_ubatch,

@@ -4,6 +4,12 @@ Per instance: a fresh context of n_prompt + n_gen + n_depth tokens; a warm-up (o
 generated token); then per repetition: clear the KV cache, fill it to the depth (untimed), and time
 the prompt run and/or the generation run. t/s is the mean of the per-repetition rates.
 
+warmup_runs (--warmup-runs) counts warm-up runs: 0 is none (--no-warmup), 1 the warm-up above
+(llama-bench's), and each further one an untimed repetition: clear the KV cache, fill it to the
+depth, one prompt run and one generated token. On GPUs 2 covers CUDA graph capture: ggml-cuda runs
+a graph directly the first time, captures it on the second identical run and replays it from the
+third, so after one warm-up run the first timed repetition of a prompt test pays for the captures.
+
 Split overlap (-so 1) runs only under -sm tensor: other combinations with it are skipped, not failed.
 """
 
@@ -81,7 +87,7 @@ class BenchParams:
     n_threads: list[int] = field(default_factory=lambda: [-1])
     split_overlap: list[bool] = field(default_factory=lambda: [False])
     repetitions: int = 5
-    warmup: bool = True
+    warmup_runs: int = 1  # llama-bench's procedure; 0 is --no-warmup
 
     def model_params(self) -> Iterator[ModelParams]:
         for m, ngl, sm, mg, ts in itertools.product(self.models, self.n_gpu_layers, self.split_mode, self.main_gpu,
@@ -138,6 +144,7 @@ class TestResult:
     model_n_params: int
     samples_ns: list[int]
     test_time: str
+    warmup_runs: int
     allreduce_calls: dict[str, int] = field(default_factory=dict)  # per AllReduce path, CUDA builds
     split_overlap: dict[str, Any] = field(default_factory=dict)  # what the lanes did (split_overlap_fields)
     host_ms_per_ubatch: float | None = None  # host time in llama_decode per ubatch, timed runs only
@@ -212,7 +219,7 @@ class _Runs:
     ubatches: int = 0  # every run of the context: warm-up and depth too
 
 
-def _run_test(ctx: _llama.Context, test: Test, reps: int, warmup: bool, note: Callable[[str], None]) -> _Runs:
+def _run_test(ctx: _llama.Context, test: Test, reps: int, warmup_runs: int, note: Callable[[str], None]) -> _Runs:
     runs = _Runs()
 
     def prompt(n: int, timed: bool) -> None:
@@ -230,8 +237,12 @@ def _run_test(ctx: _llama.Context, test: Test, reps: int, warmup: bool, note: Ca
             runs.host_ns += host
             runs.host_ubatches += n
 
-    if warmup:
-        note("warm-up")
+    for run in range(warmup_runs):
+        note("warm-up" if warmup_runs == 1 else f"warm-up {run + 1}/{warmup_runs}")
+        if run > 0:  # the first is llama-bench's warm-up; the others are untimed repetitions
+            ctx.clear()
+            if test.n_depth:
+                prompt(test.n_depth, False)
         if test.n_prompt:
             prompt(test.n_prompt, False)
         if test.n_gen:
@@ -303,7 +314,7 @@ def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestR
                     try:
                         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                         allreduce.reset_allreduce_stats()  # the counts include warm-up and depth-filling runs
-                        runs = _run_test(ctx, test, params.repetitions, params.warmup,
+                        runs = _run_test(ctx, test, params.repetitions, params.warmup_runs,
                                          functools.partial(note, index, test))
                         stats = allreduce.allreduce_stats()
                         lanes = split_overlap_fields(ctx, cp.split_overlap, runs.ubatches)
@@ -313,6 +324,6 @@ def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestR
                     calls = {k: v.calls for k, v in stats.paths.items() if v.calls}
                     host = runs.host_ns / runs.host_ubatches / 1e6 if runs.host_ubatches else None
                     yield TestResult(mp, cp, test, label, model.size, model.n_params, runs.samples_ns, stamp,
-                                     calls, lanes, host)
+                                     params.warmup_runs, calls, lanes, host)
         finally:
             model.free()
