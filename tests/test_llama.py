@@ -279,3 +279,31 @@ def test_n_ctx_rounded_up_is_a_warning(tiny_model: Path) -> None:
         warnings.simplefilter("error")
         Llama(tiny_model, n_ctx=512).close()  # a multiple of 256 is kept
         Llama(tiny_model, n_ctx=0).close()  # the training context
+
+
+def test_decode_sequences_batches_two_prompts(tiny_model) -> None:
+    from pyllama_so import _llama
+
+    model = _llama.Model.load(tiny_model, n_gpu_layers=0)
+    a = [int(t) for t in np.random.default_rng(1).integers(1, 400, 150)]
+    b = [int(t) for t in np.random.default_rng(2).integers(1, 400, 90)]
+    try:
+        ctx = _llama.Context(model, n_ctx=1024, n_batch=128, n_ubatch=64, n_seq_max=2)
+        both = ctx.decode_sequences([(1, b), (0, a)])  # 240 tokens: two llama_decode calls, mixed sequences
+        assert ctx.n_past(0) == 150 and ctx.n_past(1) == 90
+        alone = []
+        for toks in (b, a):
+            ctx.clear()
+            alone.append(ctx.decode(toks)[-1])
+        ctx.free()
+        # other batch shapes round differently (F16 weights and cache): close, and each row is its own sequence's
+        np.testing.assert_allclose(both, np.stack(alone), atol=5e-3)
+        assert np.abs(both[0] - alone[1]).max() > 50 * np.abs(both[0] - alone[0]).max()
+        with pytest.raises(ValueError):
+            ctx2 = _llama.Context(model, n_ctx=256, n_seq_max=2)
+            try:
+                ctx2.decode_sequences([(0, a[:4]), (0, b[:4])])  # the same sequence twice
+            finally:
+                ctx2.free()
+    finally:
+        model.free()

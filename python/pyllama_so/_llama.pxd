@@ -129,6 +129,28 @@ cdef extern from "llama.h" nogil:
         LLAMA_LOAD_MODE_NONE
         LLAMA_LOAD_MODE_MMAP
 
+    # the file types quantize_model offers (llama_model_quantize's targets)
+    enum llama_ftype:
+        LLAMA_FTYPE_ALL_F32
+        LLAMA_FTYPE_MOSTLY_F16
+        LLAMA_FTYPE_MOSTLY_BF16
+        LLAMA_FTYPE_MOSTLY_Q8_0
+        LLAMA_FTYPE_MOSTLY_Q4_0
+        LLAMA_FTYPE_MOSTLY_Q4_1
+        LLAMA_FTYPE_MOSTLY_Q5_0
+        LLAMA_FTYPE_MOSTLY_Q5_1
+        LLAMA_FTYPE_MOSTLY_Q2_K
+        LLAMA_FTYPE_MOSTLY_Q3_K_S
+        LLAMA_FTYPE_MOSTLY_Q3_K_M
+        LLAMA_FTYPE_MOSTLY_Q3_K_L
+        LLAMA_FTYPE_MOSTLY_Q4_K_S
+        LLAMA_FTYPE_MOSTLY_Q4_K_M
+        LLAMA_FTYPE_MOSTLY_Q5_K_S
+        LLAMA_FTYPE_MOSTLY_Q5_K_M
+        LLAMA_FTYPE_MOSTLY_Q6_K
+        LLAMA_FTYPE_MOSTLY_IQ4_NL
+        LLAMA_FTYPE_MOSTLY_IQ4_XS
+
     ctypedef cbool (*llama_progress_callback)(float progress, void * user_data) noexcept nogil
     ctypedef void (*llama_model_set_tensor_data_t)(ggml_tensor * tensor, void * userdata) noexcept nogil
 
@@ -169,6 +191,10 @@ cdef extern from "llama.h" nogil:
         bint op_offload
         bint split_overlap
 
+    ctypedef struct llama_model_quantize_params:
+        int32_t nthread
+        llama_ftype ftype
+
     const char * llama_version()
     llama_model_params llama_model_default_params()
     llama_context_params llama_context_default_params()
@@ -183,6 +209,9 @@ cdef extern from "llama.h" nogil:
     llama_model * llama_model_init_from_user(gguf_context * metadata, llama_model_set_tensor_data_t set_tensor_data,
                                              void * set_tensor_data_ud, llama_model_params params)
     void llama_model_free(llama_model * model)
+    llama_model_quantize_params llama_model_quantize_default_params()
+    uint32_t llama_model_quantize(const char * fname_inp, const char * fname_out,
+                                  const llama_model_quantize_params * params)
     llama_context * llama_init_from_model(llama_model * model, llama_context_params params)
     void llama_free(llama_context * ctx)
 
@@ -198,6 +227,7 @@ cdef extern from "llama.h" nogil:
     uint32_t llama_n_ctx(const llama_context * ctx)
     uint32_t llama_n_batch(const llama_context * ctx)
     uint32_t llama_n_ubatch(const llama_context * ctx)
+    uint32_t llama_n_seq_max(const llama_context * ctx)
     llama_memory_t llama_get_memory(const llama_context * ctx)
     void llama_memory_clear(llama_memory_t mem, bint data)
     bint llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1)

@@ -1,8 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Low-level bindings over llama.h. The user-facing API is pyllama_so.Llama (llama.py).
 
-Every C call that can take long (model load, decode) runs with the GIL released. Return codes of
-the C API are turned into Python exceptions in one place: _check_decode() and _null_check().
+Every C call that can take long (model load, decode, quantization) runs with the GIL released. Return
+codes of the C API are turned into Python exceptions in one place: _check_decode(), _null_check() and
+_check_quantize().
 """
 
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
@@ -22,6 +23,7 @@ __all__ = [
     "LlamaError", "ModelLoadError", "ContextFullError", "DecodeError",
     "Model", "Context", "devices", "backends", "system_info", "set_log_level", "upstream_version",
     "max_devices", "supports_gpu_offload", "SPLIT_MODES", "FLASH_ATTN", "CACHE_TYPES",
+    "QuantizeError", "FTYPES", "quantize_model",
 ]
 
 
@@ -41,12 +43,27 @@ class DecodeError(LlamaError):
     """llama_decode failed for a reason other than a full context."""
 
 
+class QuantizeError(LlamaError):
+    """llama_model_quantize failed (unreadable input, unwritable output, unsupported tensor...)."""
+
+
 SPLIT_MODES = {"none": LLAMA_SPLIT_MODE_NONE, "layer": LLAMA_SPLIT_MODE_LAYER,
                "row": LLAMA_SPLIT_MODE_ROW, "tensor": LLAMA_SPLIT_MODE_TENSOR}
 FLASH_ATTN = {"auto": LLAMA_FLASH_ATTN_TYPE_AUTO, "off": LLAMA_FLASH_ATTN_TYPE_DISABLED,
               "on": LLAMA_FLASH_ATTN_TYPE_ENABLED}
 CACHE_TYPES = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16, "bf16": GGML_TYPE_BF16, "q8_0": GGML_TYPE_Q8_0,
                "q4_0": GGML_TYPE_Q4_0, "q4_1": GGML_TYPE_Q4_1, "q5_0": GGML_TYPE_Q5_0, "q5_1": GGML_TYPE_Q5_1}
+# llama_ftype by name, spelled as llama-quantize spells them: the targets of quantize_model. The
+# IQ1/IQ2 types and Q2_K_S are left out: they need an importance matrix, which random weights lack.
+FTYPES = {
+    "f32": LLAMA_FTYPE_ALL_F32, "f16": LLAMA_FTYPE_MOSTLY_F16, "bf16": LLAMA_FTYPE_MOSTLY_BF16,
+    "q8_0": LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": LLAMA_FTYPE_MOSTLY_Q4_0, "q4_1": LLAMA_FTYPE_MOSTLY_Q4_1,
+    "q5_0": LLAMA_FTYPE_MOSTLY_Q5_0, "q5_1": LLAMA_FTYPE_MOSTLY_Q5_1, "q2_k": LLAMA_FTYPE_MOSTLY_Q2_K,
+    "q3_k_s": LLAMA_FTYPE_MOSTLY_Q3_K_S, "q3_k_m": LLAMA_FTYPE_MOSTLY_Q3_K_M, "q3_k_l": LLAMA_FTYPE_MOSTLY_Q3_K_L,
+    "q4_k_s": LLAMA_FTYPE_MOSTLY_Q4_K_S, "q4_k_m": LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "q5_k_s": LLAMA_FTYPE_MOSTLY_Q5_K_S, "q5_k_m": LLAMA_FTYPE_MOSTLY_Q5_K_M, "q6_k": LLAMA_FTYPE_MOSTLY_Q6_K,
+    "iq4_nl": LLAMA_FTYPE_MOSTLY_IQ4_NL, "iq4_xs": LLAMA_FTYPE_MOSTLY_IQ4_XS,
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,6 +154,12 @@ cdef _null_check(const void * ptr, exc_type, str what):
         raise exc_type(what + (f": {detail}" if detail else ""))
 
 
+cdef _check_quantize(uint32_t rc, str what):
+    if rc != 0:
+        detail = _take_last_error()
+        raise QuantizeError(what + (f": {detail}" if detail else f" (llama_model_quantize returned {rc})"))
+
+
 llama_log_set(_log_callback, NULL)  # first, so that backend initialisation logs through it too
 llama_backend_init()
 
@@ -209,6 +232,35 @@ def cpu_virtual_devices(int n):
     if n < 0:
         raise ValueError("n must be >= 0")
     return ggml_backend_cpu_virtual_init(n)
+
+
+def quantize_model(src, dst, str ftype, int n_threads=0):
+    """Quantize the GGUF model file src into dst with llama.cpp's llama_model_quantize.
+
+    ftype is a key of FTYPES ("q4_k_m", "q4_0", "q8_0", ...). llama.cpp chooses each tensor's type as
+    llama-quantize does: 1-D tensors stay F32, the K-quant _s/_m/_l types mix in larger types for some
+    tensors, and a tensor whose rows are not a whole number of the type's blocks gets a fallback type
+    (Q4_K -> Q5_0, Q6_K -> Q8_0 for rows of 128). n_threads <= 0 uses every hardware thread.
+    """
+    if ftype not in FTYPES:
+        raise ValueError(f"unknown quantization type {ftype!r}; expected one of {list(FTYPES)}")
+    src, dst = os.fspath(src), os.fspath(dst)
+    if os.path.abspath(src) == os.path.abspath(dst) or (
+            os.path.exists(src) and os.path.exists(dst) and os.path.samefile(src, dst)):
+        # llama.cpp would truncate the file it is reading from
+        raise ValueError(f"quantize_model: the output is the input ({dst}); write to another file")
+    cdef bytes bsrc = os.fsencode(src)
+    cdef bytes bdst = os.fsencode(dst)
+    cdef const char * csrc = bsrc
+    cdef const char * cdst = bdst
+    cdef llama_model_quantize_params p = llama_model_quantize_default_params()
+    p.nthread = n_threads
+    p.ftype = <llama_ftype> <int> FTYPES[ftype]
+    cdef uint32_t rc
+    _take_last_error()  # a stale message must not become this call's detail
+    with nogil:
+        rc = llama_model_quantize(csrc, cdst, &p)
+    _check_quantize(rc, f"cannot quantize {src} to {ftype} in {dst}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -675,6 +727,53 @@ cdef class Context:
                     row += 1
             self.n_last_outputs = row
             done += chunk
+        return out
+
+    def decode_sequences(self, seqs):
+        """Append tokens to several sequences at once: the tokens of every sequence share each
+        llama_decode call (n_batch at a time, in the order given), as a server batches its slots.
+        seqs: (seq_id, tokens) pairs with distinct seq_ids < n_seq_max. Returns the logits of each
+        sequence's last token, float32 (len(seqs), n_vocab), in the order given."""
+        self._check_open()
+        items = [(int(s), self.model._tokens(t)) for s, t in seqs]
+        if not items or any(t.shape[0] == 0 for _, t in items):
+            raise ValueError("every sequence needs at least one token")
+        ids = [s for s, _ in items]
+        cdef uint32_t n_seq_max = llama_n_seq_max(self.ptr)
+        if len(set(ids)) != len(ids) or not all(0 <= s < n_seq_max for s in ids):
+            raise ValueError(f"seq_ids must be distinct and in [0, {n_seq_max}): {ids}")
+        cdef llama_memory_t mem = llama_get_memory(self.ptr)
+        # (sequence row, seq_id, position, token) of every token, sequence by sequence
+        flat = [(row, s, llama_memory_seq_pos_max(mem, s) + 1 + k, int(tok))
+                for row, (s, toks) in enumerate(items) for k, tok in enumerate(toks)]
+        last = {row: len(toks) - 1 for row, (_, toks) in enumerate(items)}
+        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        out = np.empty((len(items), n_vocab), dtype=np.float32)
+        cdef float[:, ::1] out_mv = out
+        cdef int32_t i, n, rc
+        cdef float * src
+        seen = [0] * len(items)
+        for start in range(0, len(flat), self.batch_cap):
+            chunk = flat[start:start + self.batch_cap]
+            n = len(chunk)
+            for i in range(n):
+                row, s, pos, tok = chunk[i]
+                self.batch.token[i] = tok
+                self.batch.pos[i] = pos
+                self.batch.n_seq_id[i] = 1
+                self.batch.seq_id[i][0] = s
+                self.batch.logits[i] = seen[row] == last[row]
+                seen[row] += 1
+            self.batch.n_tokens = n
+            with nogil:
+                rc = llama_decode(self.ptr, self.batch)
+            _check_decode(rc, "decode_sequences")
+            for i in range(n):
+                if self.batch.logits[i]:
+                    src = llama_get_logits_ith(self.ptr, i)
+                    if src == NULL:
+                        raise DecodeError("no logits for an output token")
+                    memcpy(&out_mv[chunk[i][0], 0], src, n_vocab * sizeof(float))
         return out
 
     def split_overlap_stats(self):
