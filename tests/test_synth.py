@@ -12,6 +12,7 @@ import pytest
 
 from pyllama_so import Llama, synth
 from pyllama_so import testing
+from pyllama_so._llama import FTYPES, QuantizeError, quantize_model
 from pyllama_so.gguf_writer import GGML_TYPES
 
 
@@ -74,6 +75,7 @@ def test_weight_types_load_and_run(model_dir: Path, wtype: str) -> None:
         assert llm.model.n_embd == synth.SHAPES["tiny"].n_embd
         assert llm.n_vocab() == synth.SHAPES["tiny"].n_vocab
         assert llm.model.meta("general.architecture") == "qwen3"
+        assert llm.model.meta("general.file_type") == str(FTYPES[wtype])
 
 
 def test_no_tensor_is_all_zeros_or_a_copy(tiny_model: Path) -> None:
@@ -173,3 +175,108 @@ def test_cache_replaces_models_of_older_versions(tmp_path: Path, monkeypatch: py
     assert sorted(p.name for p in models.iterdir()) == sorted([path.name, other.name])
     with Llama(path, n_ctx=256) as llm:
         assert llm.model.meta("general.name") == "synthetic qwen3 tiny"
+
+
+# ggml type id -> (name, elements per block, bytes per block), from ggml.h / ggml.c, independent of the
+# writer: the types llama.cpp may choose for q4_0 and q4_k_m
+_GGML_TYPES = {0: ("f32", 1, 4), 1: ("f16", 1, 2), 2: ("q4_0", 32, 18), 6: ("q5_0", 32, 22),
+               8: ("q8_0", 32, 34), 12: ("q4_K", 256, 144), 14: ("q6_K", 256, 210)}
+# what each synth type asks llama.cpp for: the main type, and Q6_K, which llama-quantize gives
+# output.weight (both) and some attn_v/ffn_down (q4_k_m)
+_ASKED = {"q4_0": ("q4_0", {"q4_0", "q6_K"}), "q4_k_m": ("q4_K", {"q4_K", "q6_K"})}
+# llama.cpp's type for rows that are not a whole number of a 256-block type's blocks
+_FALLBACK = {"q4_K": "q5_0", "q6_K": "q8_0"}
+_BLOCK = {name: block for name, block, _ in _GGML_TYPES.values()}
+
+
+@pytest.mark.parametrize("wtype", synth.QUANTIZED_TYPES)
+def test_quantized_tensor_types(model_dir: Path, wtype: str) -> None:
+    """Read back what llama.cpp chose: the types asked where a tensor's rows fit their blocks, their
+    fallbacks where not (tiny: rows of 128 take Q5_0/Q8_0, ffn_down's rows of 256 the K-quants)."""
+    path = synth.write_model(model_dir / f"types-{wtype}.gguf", "tiny", wtype, quiet=True)
+    infos, start = read_tensor_infos(path)
+    main, asked = _ASKED[wtype]
+    chosen = {name: _GGML_TYPES[ttype][0] for name, _, ttype, _ in infos}
+    end = 0
+    for name, shape, ttype, off in infos:
+        tname, block, size = _GGML_TYPES[ttype]
+        ncols = shape[0]
+        if len(shape) == 1:
+            assert tname == "f32", name
+        elif tname in asked:
+            assert ncols % block == 0, name
+        else:
+            misfit = {a for a in asked if ncols % _BLOCK[a]}  # rows not a whole number of blocks
+            assert tname in {_FALLBACK[a] for a in misfit if a in _FALLBACK}, f"{name}: {tname} (rows of {ncols})"
+        end = max(end, start + off + int(np.prod(shape)) // block * size)
+    assert end == path.stat().st_size  # the type ids and sizes read back describe the whole file
+    blk = [n for n in chosen if n.startswith("blk.") and n.endswith(".weight") and "norm" not in n]
+    assert main in {chosen[n] for n in blk}, chosen
+    # every weight whose rows hold 256-blocks took a type that was asked (no fallback)
+    shapes = {name: shape for name, shape, _, _ in infos}
+    assert all(chosen[n] in asked for n in blk if shapes[n][0] % 256 == 0), chosen
+
+
+def test_bad_weight_type_is_a_value_error_and_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown weight type 'q4_k'"):
+        synth.write_model(tmp_path / "m.gguf", "tiny", "q4_k")
+    with pytest.raises(ValueError, match="unknown weight type"):
+        synth.cached_model("tiny", "q4_k")
+    with pytest.raises(ValueError, match="unknown quantization type"):
+        quantize_model(tmp_path / "a.gguf", tmp_path / "b.gguf", "q4_k")
+    cmd = [sys.executable, "-m", "pyllama_so.synth", "tiny", "-t", "q4_k", "-o", str(tmp_path / "m.gguf")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.splitlines() == [
+        "synth: error: unknown weight type 'q4_k'; expected one of " + ", ".join(synth.WEIGHT_TYPES)]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_quantize_model_refuses_its_input_and_reports_failure(tiny_model: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="the output is the input"):
+        quantize_model(tiny_model, tiny_model.parent / "." / tiny_model.name, "q4_0")
+    link = tmp_path / "link.gguf"
+    link.symlink_to(tiny_model)
+    with pytest.raises(ValueError, match="the output is the input"):
+        quantize_model(tiny_model, link, "q4_0")
+    with pytest.raises(QuantizeError, match="cannot quantize .*missing.gguf to q4_0.*failed to load"):
+        quantize_model(tmp_path / "missing.gguf", tmp_path / "out.gguf", "q4_0")
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, QuantizeError])
+def test_quantizing_leaves_no_temporary_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              error: type[BaseException]) -> None:
+    """An interrupted or failed quantization removes the F16 file and the unfinished output."""
+    seen = []
+
+    def failing(src: Path, dst: Path, ftype: str, n_threads: int = 0) -> None:
+        seen.append(Path(src))
+        assert Path(src).parent == tmp_path and Path(src).stat().st_size > 0  # the F16 file, next to the output
+        Path(dst).write_bytes(b"half a model")
+        raise error("stop")
+
+    monkeypatch.setattr(synth, "quantize_model", failing)
+    with pytest.raises(error):
+        synth.write_model(tmp_path / "m.gguf", "tiny", "q4_0", quiet=True)
+    assert seen and list(tmp_path.iterdir()) == []
+
+
+def test_cli_quantizes_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "m.gguf"
+    assert synth.main(["tiny", "-t", "q4_k_m", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(out)
+    assert "m.gguf: quantizing to q4_k_m with llama.cpp" in captured.err
+    assert "m.gguf: quantized in " in captured.err
+    assert list(tmp_path.iterdir()) == [out]
+    with Llama(out, n_ctx=256) as llm:
+        assert "Q4_K - Medium" in llm.model.desc
+
+
+def test_cache_holds_quantized_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYLLAMA_SO_CACHE", str(tmp_path))
+    path = synth.cached_model("tiny", "q4_0")
+    assert [p.name for p in (tmp_path / "models").iterdir()] == [f"tiny-q4_0-v{synth.CACHE_VERSION}.gguf"]
+    assert synth.cached_model("tiny", "q4_0") == path
+    with Llama(path, n_ctx=256) as llm:
+        assert np.isfinite(llm.eval(llm.tokenize("hello"))).all()

@@ -1,7 +1,13 @@
 """Random-weight GGUF models of named shapes, for tests and benchmarks.
 
     python -m pyllama_so.synth qwen3-8b -t f16 -o models/qwen3-8b-f16.gguf
+    python -m pyllama_so.synth qwen3-8b -t q4_k_m -o models/qwen3-8b-q4_k_m.gguf
     python -m pyllama_so.synth --list
+
+Weight types: f16, bf16 and q8_0 are written directly. q4_k_m and q4_0 are written as F16 to a
+temporary file next to the output, then quantized by llama.cpp's own llama_model_quantize, which
+chooses each tensor's type as llama-quantize does (Q6_K for some tensors of q4_k_m, and a 32-block
+fallback such as Q5_0 for tensors whose rows are not a multiple of 256).
 
 Weights are drawn from a pool of random values written at random offsets, which keeps the 8B F16
 shape fast to write while no tensor is all zeros or a copy of another. The tokenizer is a minimal
@@ -20,6 +26,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from pyllama_so._llama import FTYPES, LlamaError, quantize_model
 from pyllama_so.gguf_writer import GGML_TYPES, TensorSpec, write_gguf
 
 
@@ -49,9 +56,11 @@ SHAPES: dict[str, Shape] = {
     "qwen3-32b": Shape(n_embd=5120, n_layer=64, n_ff=25600, n_head=64, n_head_kv=8, head_dim=128, n_vocab=151936),
 }
 
-# llama_ftype of the file, by weight type
-_FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
-WEIGHT_TYPES = ("f16", "bf16", "q8_0")
+# The weight types: written directly from pools of random encoded values, or written as F16 and
+# quantized by llama.cpp (its K-quant code, not ours).
+DIRECT_TYPES = ("f16", "bf16", "q8_0")
+QUANTIZED_TYPES = ("q4_k_m", "q4_0")
+WEIGHT_TYPES = DIRECT_TYPES + QUANTIZED_TYPES
 
 _TOKEN_NORMAL, _TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_BYTE = 1, 2, 3, 6
 _SPACE = "\u2581"  # SentencePiece's visible space
@@ -83,7 +92,7 @@ def metadata(shape: Shape, weight_type: str, name: str) -> dict[str, object]:
     return {
         "general.architecture": arch,
         "general.name": f"synthetic {arch} {name}",  # the bench's model column (llama.cpp would guess a size)
-        "general.file_type": _FILE_TYPES[weight_type],
+        "general.file_type": FTYPES[weight_type],
         f"{arch}.context_length": shape.n_ctx_train,
         f"{arch}.embedding_length": shape.n_embd,
         f"{arch}.block_count": shape.n_layer,
@@ -183,16 +192,48 @@ def default_cache_dir() -> Path:
     return Path(base) / "models"
 
 
-def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "f16", *, seed: int = 0,
-                quiet: bool = False) -> Path:
-    """Write a synthetic model; return its path."""
+def _check_names(shape_name: str, weight_type: str) -> None:
     if shape_name not in SHAPES:
         raise ValueError(f"unknown shape {shape_name!r}; expected one of {list(SHAPES)}")
     if weight_type not in WEIGHT_TYPES:
-        raise ValueError(f"unknown weight type {weight_type!r}; expected one of {list(WEIGHT_TYPES)}")
-    shape = SHAPES[shape_name]
+        raise ValueError(f"unknown weight type {weight_type!r}; expected one of {', '.join(WEIGHT_TYPES)}")
+
+
+def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "f16", *, seed: int = 0,
+                quiet: bool = False) -> Path:
+    """Write a synthetic model; return its path.
+
+    A quantized type is written as F16 to a temporary file next to path first (so that folder needs
+    room for both), which is removed afterwards, also on failure or Ctrl-C. llama_model_quantize has
+    no abort callback: Ctrl-C during quantization takes effect when it returns.
+    """
+    _check_names(shape_name, weight_type)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if weight_type in DIRECT_TYPES:
+        _write_direct(path, shape_name, weight_type, seed, quiet, path.name)
+        return path
+    f16 = path.with_name(f"{path.name}.f16-{os.getpid()}.tmp")
+    part = path.with_name(f"{path.name}.{os.getpid()}.part")  # never a half-quantized file under the final name
+    try:
+        _write_direct(f16, shape_name, "f16", seed, quiet, f"{path.name}: f16")
+        if not quiet:
+            print(f"synth: {path.name}: quantizing to {weight_type} with llama.cpp", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        quantize_model(f16, part, weight_type)
+        part.replace(path)
+        if not quiet:
+            size = path.stat().st_size
+            shown = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+            print(f"synth: {path.name}: quantized in {time.monotonic() - t0:.1f} s ({shown})", file=sys.stderr)
+    finally:
+        for tmp in (f16, f16.with_name(f16.name + ".part"), part):  # .part: write_gguf's unfinished file
+            tmp.unlink(missing_ok=True)
+    return path
+
+
+def _write_direct(path: Path, shape_name: str, weight_type: str, seed: int, quiet: bool, label: str) -> None:
+    shape = SHAPES[shape_name]
     specs = tensors(shape, weight_type)
     pool = _RandomPool(seed)
     t0 = time.monotonic()
@@ -202,7 +243,7 @@ def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "
         now = time.monotonic()
         if not quiet and (now - last[0] > 1.0 or done == total):
             last[0] = now
-            print(f"\rsynth: {path.name}: {done / 2**30:6.2f} / {total / 2**30:.2f} GiB", end="",
+            print(f"\rsynth: {label}: {done / 2**30:6.2f} / {total / 2**30:.2f} GiB", end="",
                   file=sys.stderr, flush=True)
 
     try:
@@ -213,7 +254,6 @@ def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "
         raise
     if not quiet:
         print(f" in {time.monotonic() - t0:.1f} s", file=sys.stderr)
-    return path
 
 
 # Part of a cached model's name: raise it when the shapes, the weights or the metadata written change,
@@ -222,7 +262,9 @@ CACHE_VERSION = 3
 
 
 def cached_model(shape_name: str = "small", weight_type: str = "f16") -> Path:
-    """The cached synthetic model of a shape, written on first use (older versions of it are removed)."""
+    """The cached synthetic model of a shape and weight type, written on first use (older versions of
+    it are removed)."""
+    _check_names(shape_name, weight_type)
     cache = default_cache_dir()
     path = cache / f"{shape_name}-{weight_type}-v{CACHE_VERSION}.gguf"
     if not path.exists():
@@ -236,7 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pyllama_so.synth", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("shape", nargs="?", choices=list(SHAPES), help="model shape")
-    ap.add_argument("-t", "--type", default="f16", choices=WEIGHT_TYPES, help="weight type (default f16)")
+    # checked below rather than by choices=, so that a bad name is one line, not usage + error
+    ap.add_argument("-t", "--type", default="f16", metavar="TYPE",
+                    help=f"weight type: {', '.join(DIRECT_TYPES)} (written directly) or {', '.join(QUANTIZED_TYPES)} "
+                         "(F16 quantized by llama.cpp); default f16")
     ap.add_argument("-o", "--output", type=Path, help="output file (default: the cache, see --list)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -250,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:10s} {n / 1e9:7.3f} B params  n_embd={s.n_embd} n_layer={s.n_layer} n_ff={s.n_ff} "
                   f"heads={s.n_head}/{s.n_head_kv} vocab={s.n_vocab}")
         return 0 if args.list else 2
+    if args.type not in WEIGHT_TYPES:
+        print(f"synth: error: unknown weight type {args.type!r}; expected one of {', '.join(WEIGHT_TYPES)}",
+              file=sys.stderr)
+        return 2
     out = args.output or default_cache_dir() / f"{args.shape}-{args.type}.gguf"
     if out.exists() and not args.force:
         print(f"synth: {out} exists (use --force to overwrite)", file=sys.stderr)
@@ -259,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         print(write_model(out, args.shape, args.type, seed=args.seed))
     except OSError as e:
         print(f"synth: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except LlamaError as e:  # quantization failed: the message says why
+        print(f"synth: error: {e}", file=sys.stderr)
         return 1
     return 0
 
