@@ -24,9 +24,10 @@
 extern "C" {
 #endif
 
-// Link two Meta backends of the same Meta device as lanes 0 (a) and 1 (b). Returns false, with one
-// warning, if they are not two distinct unlinked Meta backends of one device, or if a device has no
-// events; the backends then stay independent.
+// Link two Meta backends of the same Meta device as lanes 0 (a) and 1 (b). Returns false if they are
+// not two distinct unlinked Meta backends of one device, or if a device has no events; the backends
+// then stay independent. The reason is logged at debug level: the caller says what it gives up (llama's
+// split overlap warns once, "split overlap stays off: <reason>").
 GGML_API bool ggml_backend_meta_share_lanes(ggml_backend_t a, ggml_backend_t b);
 
 // The lane of a linked Meta backend (0 or 1), -1 if it is not linked.

@@ -219,11 +219,11 @@ static bool devices_have_events(ggml_backend_t meta) {
 
 bool ggml_backend_meta_share_lanes(ggml_backend_t a, ggml_backend_t b) {
     if (!ggml_backend_is_meta(a) || !ggml_backend_is_meta(b) || a == b) {
-        GGML_LOG_WARN("%s: lanes need two distinct Meta backends\n", __func__);
+        GGML_LOG_DEBUG("%s: lanes need two distinct Meta backends\n", __func__);
         return false;
     }
     if (ggml_backend_meta_lanes_get(a, nullptr) != nullptr || ggml_backend_meta_lanes_get(b, nullptr) != nullptr) {
-        GGML_LOG_WARN("%s: a backend is already linked to another lane\n", __func__);
+        GGML_LOG_DEBUG("%s: a backend is already linked to another lane\n", __func__);
         return false;
     }
     const size_t n_devs = ggml_backend_meta_n_backends(a);
@@ -233,11 +233,11 @@ bool ggml_backend_meta_share_lanes(ggml_backend_t a, ggml_backend_t b) {
                        ggml_backend_get_device(ggml_backend_meta_simple_backend(b, j));
     }
     if (!same_devices) {
-        GGML_LOG_WARN("%s: the two Meta backends are not on the same devices\n", __func__);
+        GGML_LOG_DEBUG("%s: the two Meta backends are not on the same devices\n", __func__);
         return false;
     }
     if (!devices_have_events(a)) {
-        GGML_LOG_WARN("%s: a device has no events, lanes stay off\n", __func__);
+        GGML_LOG_DEBUG("%s: a device has no events, lanes stay off\n", __func__);
         return false;
     }
 
