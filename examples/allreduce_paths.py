@@ -1,0 +1,84 @@
+"""Which AllReduce path each reduction of a tensor-split prompt took, with the copy engines forced and not.
+
+Under `split_mode="tensor"` the GPUs add their partial results twice per layer. The CUDA backend routes
+each reduction to a path: `ce` (copy engines through pinned host memory), `nccl`, `internal` (upstream's
+2-GPU pipeline) or `fallback` (see docs/multi-gpu.md). This example reads `allreduce_stats()` before and
+after a prompt, and again around single-token decodes (as in generation), once with automatic routing
+and once with the copy engines forced (`configure_allreduce(copy_engines=True)`). The setting is read
+when a context is created, so configure_allreduce comes before each Llama, and each setting gets its
+own Llama.
+
+    python examples/allreduce_paths.py
+    python examples/allreduce_paths.py --model model.gguf --prompt-tokens 2048 --n-ubatch 512
+
+Without two GPUs it runs on two CPU virtual devices; their reductions are not counted (the counters
+belong to the CUDA backend), so every count is 0 there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pyllama_so
+from pyllama_so import Llama, allreduce, synth
+from pyllama_so.allreduce import AllReduceStats
+
+SETTINGS: dict[str, bool | None] = {"auto": None, "forced": True}  # configure_allreduce(copy_engines=...)
+
+
+def tensor_split_devices() -> list[float] | None:
+    """The tensor_split to use: None (every GPU) with two GPUs or more; otherwise two CPU virtual devices
+    are made and get all the work (llama.cpp lists GPUs first, so a single GPU gets 0)."""
+    gpus = sum(d["type"] in ("gpu", "igpu") for d in pyllama_so.devices())
+    if gpus >= 2:
+        return None
+    pyllama_so.cpu_virtual_devices(2)
+    print(f"{gpus} GPU(s) found: running on two CPU virtual devices instead")
+    return [0.0] * gpus + [1.0, 1.0]
+
+
+def calls_since(before: AllReduceStats) -> dict[str, int]:
+    """Reductions per path since `before` was read."""
+    now = allreduce.allreduce_stats()
+    return {path: now.paths[path].calls - before.paths[path].calls for path in allreduce.PATHS}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, help="GGUF model file (default: the cached synthetic model)")
+    ap.add_argument("--synthetic", default="small", choices=list(synth.SHAPES),
+                    help="shape of the synthetic model used without --model (default small)")
+    ap.add_argument("--prompt-tokens", type=int, default=1024, help="prompt length in tokens (default 1024)")
+    ap.add_argument("--decode-tokens", type=int, default=8, help="single tokens decoded after the prompt (default 8)")
+    ap.add_argument("--n-ubatch", type=int, default=512, help="tokens per ubatch (default 512)")
+    args = ap.parse_args()
+
+    model = args.model or synth.cached_model(args.synthetic, "f16")
+    split = tensor_split_devices()
+    if not allreduce.allreduce_available():
+        print("this build has no CUDA backend: the counters stay at 0")
+
+    n_ctx = 256 * math.ceil((args.prompt_tokens + args.decode_tokens) / 256)  # llama.cpp's contexts are 256s
+    rows: list[tuple[str, str, dict[str, int]]] = []
+    for setting, copy_engines in SETTINGS.items():
+        allreduce.configure_allreduce(copy_engines=copy_engines)  # before the Llama: read per context
+        with Llama(model, split_mode="tensor", tensor_split=split, flash_attn=True, n_ctx=n_ctx,
+                   n_ubatch=args.n_ubatch) as llm:
+            prompt = [i % llm.n_vocab() for i in range(args.prompt_tokens)]  # the tokens do not matter here
+            before = allreduce.allreduce_stats()
+            llm.eval(prompt)
+            rows.append((setting, f"prompt ({args.prompt_tokens} tokens)", calls_since(before)))
+            before = allreduce.allreduce_stats()
+            for token in range(args.decode_tokens):
+                llm.eval([token])  # one token per decode, as in generation
+            rows.append((setting, f"decode ({args.decode_tokens} x 1 token)", calls_since(before)))
+
+    print(f"{'copy engines':<13}{'phase':<26}" + "".join(f"{path:>10}" for path in allreduce.PATHS))
+    for setting, phase, calls in rows:
+        print(f"{setting:<13}{phase:<26}" + "".join(f"{calls[path]:>10}" for path in allreduce.PATHS))
+
+
+if __name__ == "__main__":
+    main()
