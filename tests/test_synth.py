@@ -280,3 +280,16 @@ def test_cache_holds_quantized_models(tmp_path: Path, monkeypatch: pytest.Monkey
     assert synth.cached_model("tiny", "q4_0") == path
     with Llama(path, n_ctx=256) as llm:
         assert np.isfinite(llm.eval(llm.tokenize("hello"))).all()
+
+
+def test_progress_in_a_log_is_one_line_per_update(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "pyllama_so.synth", "tiny", "-o", str(tmp_path / "t.gguf")],
+                         capture_output=True, text=True, timeout=120)  # stderr is a pipe, not a terminal
+    assert res.returncode == 0, res.stderr
+    assert "\r" not in res.stderr
+    lines = res.stderr.splitlines()
+    assert lines and all(line.startswith("synth: t.gguf: ") for line in lines)
+    assert lines[-1].startswith("synth: t.gguf: written in ")

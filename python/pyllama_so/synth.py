@@ -238,22 +238,24 @@ def _write_direct(path: Path, shape_name: str, weight_type: str, seed: int, quie
     pool = _RandomPool(seed)
     t0 = time.monotonic()
     last = [0.0]
+    tty = sys.stderr.isatty()  # a terminal redraws one line; a log gets one line per update
 
     def progress(done: int, total: int) -> None:
         now = time.monotonic()
         if not quiet and (now - last[0] > 1.0 or done == total):
             last[0] = now
-            print(f"\rsynth: {label}: {done / 2**30:6.2f} / {total / 2**30:.2f} GiB", end="",
-                  file=sys.stderr, flush=True)
+            text = f"synth: {label}: {done / 2**30:6.2f} / {total / 2**30:.2f} GiB"
+            print("\r" + text if tty else text, end="" if tty else "\n", file=sys.stderr, flush=True)
 
     try:
         write_gguf(path, metadata(shape, weight_type, shape_name), specs, pool.write, progress)
     except BaseException:
-        if last[0]:
+        if last[0] and tty:
             print(file=sys.stderr)  # end the progress line before the error
         raise
     if not quiet:
-        print(f" in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        took = f"{time.monotonic() - t0:.1f} s"
+        print(f" in {took}" if tty else f"synth: {label}: written in {took}", file=sys.stderr)
 
 
 # Part of a cached model's name: raise it when the shapes, the weights or the metadata written change,
