@@ -170,6 +170,7 @@ cdef extern from "llama.h" nogil:
         llama_load_mode load_mode
         int32_t main_gpu
         const float * tensor_split
+        const float * attn_split  # pyllama_so (patches/0006-*)
         llama_progress_callback progress_callback
         void * progress_callback_user_data
         bint vocab_only
@@ -296,7 +297,8 @@ cdef class Model:
 
     @staticmethod
     cdef llama_model_params _params(int n_gpu_layers, object split_mode, int main_gpu, float * split_buf,
-                                    object tensor_split, bint use_mmap) except *
+                                    object tensor_split, bint use_mmap, float * attn_buf=*,
+                                    object attn_split=*, object n_devices=*) except *
     @staticmethod
     cdef Model _load(path, llama_model_params p)
     @staticmethod

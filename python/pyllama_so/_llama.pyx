@@ -311,23 +311,34 @@ def cache_type_name(value, str what="cache type"):
     return value.lower()
 
 
+def _check_split(what, split, n_devices):
+    try:
+        values = [float(v) for v in split]
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be a sequence of numbers, got {split!r}") from None
+    if not values:
+        raise ValueError(f"{what} is empty")
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        raise ValueError(f"{what} entries must be finite and >= 0: {values}")
+    if not any(values):
+        raise ValueError(f"{what} entries are all 0: {values}")
+    limit = min(llama_max_devices(), max(1, gpu_device_count()) if n_devices is None else n_devices)
+    if len(values) > limit:
+        raise ValueError(f"{what} has {len(values)} entries but there are {limit} device(s)")
+    return values
+
+
 def check_tensor_split(tensor_split, n_devices=None):
     """tensor_split as a list of floats: finite, >= 0, not all 0, at most n_devices entries (default:
     the GPU devices there are, or 1 without GPUs; never more than llama.cpp's maximum)."""
-    try:
-        values = [float(v) for v in tensor_split]
-    except (TypeError, ValueError):
-        raise TypeError(f"tensor_split must be a sequence of numbers, got {tensor_split!r}") from None
-    if not values:
-        raise ValueError("tensor_split is empty")
-    if not all(math.isfinite(v) and v >= 0 for v in values):
-        raise ValueError(f"tensor_split entries must be finite and >= 0: {values}")
-    if not any(values):
-        raise ValueError(f"tensor_split entries are all 0: {values}")
-    limit = min(llama_max_devices(), max(1, gpu_device_count()) if n_devices is None else n_devices)
-    if len(values) > limit:
-        raise ValueError(f"tensor_split has {len(values)} entries but there are {limit} device(s)")
-    return values
+    return _check_split("tensor_split", tensor_split, n_devices)
+
+
+def check_attn_split(attn_split, n_devices=None):
+    """attn_split (the attention heads' and KV cache's proportions per device under split_mode="tensor")
+    as a list of floats, with the rules of check_tensor_split: finite, >= 0, not all 0 (a 0 entry gives that
+    device no attention), at most n_devices entries."""
+    return _check_split("attn_split", attn_split, n_devices)
 
 
 def check_batch_sizes(n_batch, n_ubatch):
@@ -372,7 +383,10 @@ cdef class Model:
 
     @staticmethod
     cdef llama_model_params _params(int n_gpu_layers, object split_mode, int main_gpu, float * split_buf,
-                                    object tensor_split, bint use_mmap) except *:
+                                    object tensor_split, bint use_mmap, float * attn_buf=NULL,
+                                    object attn_split=None, object n_devices=None) except *:
+        """Model params; split_buf and attn_buf have llama_max_devices() entries (attn_buf may be NULL when
+        attn_split is None). attn_split needs split_mode "tensor"."""
         cdef llama_model_params p = llama_model_default_params()
         p.n_gpu_layers = n_gpu_layers
         p.split_mode = SPLIT_MODES[split_mode_name(split_mode)]
@@ -383,17 +397,26 @@ cdef class Model:
             for i, v in enumerate(check_tensor_split(tensor_split)):  # split_buf has llama_max_devices() entries
                 split_buf[i] = v
             p.tensor_split = split_buf
+        if attn_split is not None:
+            if split_mode_name(split_mode) != "tensor":
+                raise ValueError(f'attn_split needs split_mode="tensor", not {split_mode_name(split_mode)!r}')
+            for i, v in enumerate(check_attn_split(attn_split, n_devices)):
+                attn_buf[i] = v
+            p.attn_split = attn_buf
         return p
 
     @staticmethod
     def load(path, *, int n_gpu_layers=-1, split_mode="layer", int main_gpu=0, tensor_split=None,
-             bint use_mmap=True, progress=None):
-        """Load a GGUF file. Raises ModelLoadError for a file llama.cpp cannot load (Llama checks that it exists)."""
+             bint use_mmap=True, progress=None, attn_split=None):
+        """Load a GGUF file. Raises ModelLoadError for a file llama.cpp cannot load (Llama checks that it exists).
+        attn_split (split_mode "tensor" only): the attention heads' and KV cache's proportions per device."""
         cdef float * split_buf = <float *> calloc(llama_max_devices(), sizeof(float))
+        cdef float * attn_buf = <float *> calloc(llama_max_devices(), sizeof(float))
         cdef llama_model_params p
         progress_state = [progress, None]
         try:
-            p = Model._params(n_gpu_layers, split_mode, main_gpu, split_buf, tensor_split, use_mmap)
+            p = Model._params(n_gpu_layers, split_mode, main_gpu, split_buf, tensor_split, use_mmap,
+                              attn_buf, attn_split)
             if progress is not None:
                 p.progress_callback = _python_progress
                 p.progress_callback_user_data = <void *> progress_state
@@ -408,6 +431,7 @@ cdef class Model:
             raise
         finally:
             free(split_buf)
+            free(attn_buf)
 
     @staticmethod
     cdef Model _load(path, llama_model_params p):

@@ -66,6 +66,7 @@ class Llama:
         n_gpu_layers: int = -1,
         split_mode: str | int = "layer",
         tensor_split: Sequence[float] | None = None,
+        attn_split: Sequence[float] | None = None,
         main_gpu: int = 0,
         n_ctx: int = 4096,
         n_batch: int = 2048,
@@ -85,6 +86,10 @@ class Llama:
         fa = _llama.flash_attn_name(flash_attn)
         tk, tv = _llama.cache_type_name(type_k, "type_k"), _llama.cache_type_name(type_v, "type_v")
         split = None if tensor_split is None else _llama.check_tensor_split(tensor_split)
+        attn = None if attn_split is None else _llama.check_attn_split(attn_split)
+        if attn is not None and mode != "tensor":
+            raise ValueError(f'attn_split needs split_mode="tensor" (got split_mode={mode!r}): it splits the '
+                             "attention heads of tensor split")
         if n_ctx < 0:
             raise ValueError(f"n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
         _llama.check_batch_sizes(n_batch, n_ubatch)
@@ -106,7 +111,7 @@ class Llama:
         _llama.set_verbose(verbose)
 
         self._model = _llama.Model.load(path, n_gpu_layers=n_gpu_layers, split_mode=mode, main_gpu=main_gpu,
-                                        tensor_split=split, use_mmap=use_mmap)
+                                        tensor_split=split, use_mmap=use_mmap, attn_split=attn)
         try:
             cpus = os.cpu_count() or 1  # llama-cpp-python's defaults: half the CPUs for generation, all for batches
             self._ctx = _llama.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
