@@ -95,6 +95,39 @@ def tensor_split(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def attn_split(text: str) -> tuple[float, ...]:
+    """--attn-split / -as: the attention heads' proportions per device, as llama.cpp writes lists: 1/3 or
+    1,3 (checked as Llama checks them; a 0 entry gives that device no attention)."""
+    sep = "/" if "/" in text else ","
+    try:
+        values = [float(v) for v in text.split(sep)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad attention split {text!r}; expected e.g. 1/3 or 1,3") from None
+    try:
+        return tuple(_llama.check_attn_split(values))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+ATTN_SPLIT_NONE = ("-", "none")  # an alternative of the bench's -as that follows -ts
+
+
+def attn_split_alternatives(text: str) -> list[tuple[float, ...]]:
+    """The bench's -as: alternatives separated by ';' (each 1/3 or 1,3), or, without ';', by ',' between
+    '/' forms as -ts takes them (1/3,1/0); a text without '/' or ';' is one split (1,3). '-' or 'none' is
+    the alternative that follows the tensor split, written as ()."""
+    if ";" in text:
+        items = text.split(";")
+    elif "/" in text:
+        items = text.split(",")
+    else:
+        items = [text]
+    items = [s.strip() for s in items]
+    if any(not s for s in items):
+        raise argparse.ArgumentTypeError(f"empty item in {text!r}")
+    return [() if s.lower() in ATTN_SPLIT_NONE else attn_split(s) for s in items]
+
+
 def pp_tg_pair(text: str) -> tuple[int, int]:
     """-pg: 'pp,tg' pairs, given as e.g. 512,128."""
     parts = text.split(",")

@@ -63,6 +63,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("-mg", "--main-gpu", type=A.comma_list(A.non_negative_int), default=d.main_gpu)
     ap.add_argument("-ts", "--tensor-split", type=A.comma_list(A.tensor_split), default=None,
                     help="e.g. 1/1 (proportions per device), comma list for several")
+    ap.add_argument("-as", "--attn-split", type=A.attn_split_alternatives,
+                    default=A.env_default("ATTN_SPLIT", "") or None,
+                    help="attention heads and KV cache per device, -sm tensor only (other split modes are "
+                         "skipped): 1/3 or 1,3; alternatives separated by ';' (1/3;1,1), or by ',' between "
+                         "'/' forms as -ts (1/3,1/0); '-' follows -ts (env LLAMA_ARG_ATTN_SPLIT)")
     ap.add_argument("-fa", "--flash-attn", type=A.comma_list(A.flash_attn),
                     default=env("FLASH_ATTN", d.flash_attn))
     ap.add_argument("-ctk", "--cache-type-k", type=A.comma_list(A.cache_type),
@@ -109,9 +114,19 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
     return BenchParams(
         models=models, n_prompt=ns.n_prompt, n_gen=ns.n_gen, pg=ns.pg, n_depth=ns.n_depth,
         n_batch=ns.batch_size, n_ubatch=ns.ubatch_size, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode,
-        main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], flash_attn=ns.flash_attn,
+        main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], attn_split=_attn_split_arg(ns.attn_split), flash_attn=ns.flash_attn,
         type_k=ns.cache_type_k, type_v=ns.cache_type_v, n_threads=ns.threads, split_overlap=ns.split_overlap,
         repetitions=ns.repetitions, warmup_runs=warmup_runs(ns))
+
+
+def _attn_split_arg(value: object) -> list[tuple[float, ...]]:
+    """-as after argparse: parsed alternatives, or the LLAMA_ARG_ATTN_SPLIT text (argparse parses a string
+    default through the type too, but not None), or [()] (follow -ts)."""
+    if value is None:
+        return [()]
+    if isinstance(value, str):
+        return A.attn_split_alternatives(value)
+    return list(value)
 
 
 def check_combinations(params: BenchParams) -> None:
@@ -124,6 +139,9 @@ def check_combinations(params: BenchParams) -> None:
     for ts in params.tensor_split:
         if ts:  # () is the default split
             _llama.check_tensor_split(ts)
+    for as_ in params.attn_split:
+        if as_:
+            _llama.check_attn_split(as_)
 
 
 def error(message: str) -> None:

@@ -16,6 +16,11 @@ def tensor_split_str(ts: tuple[float, ...]) -> str:
     return "/".join(f"{v:.2f}" for v in (ts or (0.0,))[: last + 1])
 
 
+def attn_split_str(a: tuple[float, ...]) -> str:
+    """-as as tensor_split_str writes -ts; "-" when it follows the tensor split."""
+    return tensor_split_str(a) if a else "-"
+
+
 def fields(r: TestResult) -> dict[str, Any]:
     """One result as llama-bench's JSON fields (plus ours: warmup_runs, allreduce_calls, split_overlap,
     host_ms_per_ubatch; markdown shows none of them, as llama-bench's table)."""
@@ -40,6 +45,7 @@ def fields(r: TestResult) -> dict[str, Any]:
         "main_gpu": r.model.main_gpu,
         "flash_attn": r.ctx.flash_attn,
         "tensor_split": tensor_split_str(r.model.tensor_split),
+        "attn_split": attn_split_str(r.model.attn_split),
         "n_prompt": r.test.n_prompt,
         "n_gen": r.test.n_gen,
         "n_depth": r.test.n_depth,
@@ -122,6 +128,7 @@ class MarkdownPrinter(Printer):
         ("main_gpu", "main_gpu", lambda r: str(r.model.main_gpu)),
         ("sm", "split_mode", lambda r: r.model.split_mode),
         ("ts", "tensor_split", lambda r: tensor_split_str(r.model.tensor_split)),
+        ("as", "attn_split", lambda r: attn_split_str(r.model.attn_split)),
         ("fa", "flash_attn", lambda r: r.ctx.flash_attn),
         ("so", "split_overlap", lambda r: str(int(r.ctx.split_overlap))),
     ]

@@ -36,6 +36,7 @@ class ModelParams:
     split_mode: str
     main_gpu: int
     tensor_split: tuple[float, ...]
+    attn_split: tuple[float, ...] = ()  # () follows tensor_split
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class BenchParams:
     split_mode: list[str] = field(default_factory=lambda: ["layer"])
     main_gpu: list[int] = field(default_factory=lambda: [0])
     tensor_split: list[tuple[float, ...]] = field(default_factory=lambda: [()])
+    attn_split: list[tuple[float, ...]] = field(default_factory=lambda: [()])
     flash_attn: list[str] = field(default_factory=lambda: ["auto"])
     type_k: list[str] = field(default_factory=lambda: ["f16"])
     type_v: list[str] = field(default_factory=lambda: ["f16"])
@@ -90,9 +92,9 @@ class BenchParams:
     warmup_runs: int = 1  # llama-bench's procedure; 0 is --no-warmup
 
     def model_params(self) -> Iterator[ModelParams]:
-        for m, ngl, sm, mg, ts in itertools.product(self.models, self.n_gpu_layers, self.split_mode, self.main_gpu,
-                                                    self.tensor_split):
-            yield ModelParams(m, ngl, sm, mg, ts)
+        for m, ngl, sm, mg, ts, as_ in itertools.product(self.models, self.n_gpu_layers, self.split_mode,
+                                                         self.main_gpu, self.tensor_split, self.attn_split):
+            yield ModelParams(m, ngl, sm, mg, ts, as_)
 
     def context_params(self) -> Iterator[ContextParams]:
         for b, ub, t, fa, tk, tv, so in itertools.product(self.n_batch, self.n_ubatch, self.n_threads,
@@ -125,6 +127,8 @@ class BenchParams:
 def skip_reason(mp: ModelParams, cp: ContextParams) -> str | None:
     """Why this combination is not run, or None. Llama refuses it (ValueError); a comma list that
     mixes split modes should still run the rest."""
+    if mp.attn_split and mp.split_mode != "tensor":
+        return f"skipping -as with -sm {mp.split_mode}: the attention split needs -sm tensor"
     if cp.split_overlap and mp.split_mode != "tensor":
         return f"skipping -so 1 with -sm {mp.split_mode}: split overlap needs -sm tensor"
     return None
@@ -301,7 +305,8 @@ def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestR
         if not contexts:
             continue
         model = _llama.Model.load(mp.model, n_gpu_layers=mp.n_gpu_layers, split_mode=mp.split_mode,
-                                  main_gpu=mp.main_gpu, tensor_split=list(mp.tensor_split) or None)
+                                  main_gpu=mp.main_gpu, tensor_split=list(mp.tensor_split) or None,
+                                  attn_split=list(mp.attn_split) or None)
         try:
             label = model_label(model)
             for cp in contexts:
