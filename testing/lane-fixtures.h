@@ -20,6 +20,18 @@ int pyllama_so_testing_delay_lane(struct llama_context * ctx, int32_t lane, int6
 // Bytes of compute buffers in llama.cpp's memory breakdown of the context (all devices, both lanes).
 size_t pyllama_so_testing_compute_bytes(const struct llama_context * ctx);
 
+// Context (KV cache / recurrent state) bytes per buffer type in llama.cpp's memory breakdown: fills up to
+// n_out names and sizes, returns the number of buffer types holding context memory. A Meta buffer type
+// counts, per buffer, its largest device (the size upstream reports for a Meta buffer).
+int pyllama_so_testing_context_bytes(const struct llama_context * ctx, const char ** names, size_t * bytes, int n_out);
+
+// Bytes of one KV cell (the K and V rows of every attention layer) on each device of the model's tensor
+// split, as the Meta backend lays out the KV cache tensors (the model's llama_meta_device_get_split_state on
+// tensors named and shaped like cache_k_lN / cache_v_lN); one entry (everything) when the model is not
+// split by tensor. Returns the number of devices, or < 0 (too many devices for n_out, an unexpected split).
+int pyllama_so_testing_kv_cell_bytes(const struct llama_context * ctx, enum ggml_type type_k, enum ggml_type type_v,
+                                     size_t * out, int n_out);
+
 // Run n_ubatches graphs on a Meta device over the given devices (2 or 3 CPU virtual devices), alternating
 // between two linked lanes (lanes != 0) or on one Meta backend; each lane's devices are delayed by its
 // delay per graph (a delay of lane 1 between one and n_subgraphs - 1 times lane 0's puts lane 1's state

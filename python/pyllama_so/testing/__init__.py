@@ -14,7 +14,9 @@ from pyllama_so.testing._fixtures import (
     arch_model_save,
     arch_names,
     compute_bytes,
+    context_bytes,
     delay_lane,
+    kv_cell_bytes,
     lane_race,
     random_model,
 )
@@ -28,7 +30,9 @@ __all__ = [
     "arch_model_save",
     "arch_names",
     "compute_bytes",
+    "context_bytes",
     "delay_lane",
+    "kv_cell_bytes",
     "lane_race",
     "random_model",
 ]

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from pyllama_so._llama import LlamaError, ModelLoadError
+from pyllama_so._llama import CACHE_TYPES as _CACHE_TYPES, LlamaError, ModelLoadError, cache_type_name
 
 _WEIGHT_TYPES = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16, "bf16": GGML_TYPE_BF16}
 
@@ -212,9 +212,12 @@ def arch_flags(str arch):
     }
 
 
-cdef llama_model_params _arch_model_params(list device_indices, str split_mode, ggml_backend_dev_t * devs) except *:
-    """Model params on exactly these devices (devs: room for len(device_indices) + 1 entries)."""
-    cdef llama_model_params p = Model._params(-1, split_mode, 0, NULL, None, True)
+cdef llama_model_params _arch_model_params(list device_indices, str split_mode, ggml_backend_dev_t * devs,
+                                           float * attn_buf=NULL, object attn_split=None) except *:
+    """Model params on exactly these devices (devs: room for len(device_indices) + 1 entries; attn_buf:
+    llama_max_devices() entries when attn_split is given)."""
+    cdef llama_model_params p = Model._params(-1, split_mode, 0, NULL, None, True, attn_buf, attn_split,
+                                              max(1, len(device_indices)))
     cdef size_t n_dev = ggml_backend_dev_count()
     for k, i in enumerate(device_indices):
         if not 0 <= i < n_dev:
@@ -226,22 +229,25 @@ cdef llama_model_params _arch_model_params(list device_indices, str split_mode, 
 
 
 def arch_model(str arch, bint moe, list device_indices, str split_mode="layer", *, uint64_t seed=42,
-               float stdev=0.1, drop_keys=()):
-    """A random-weight model of the architecture's test fixture, on the given ggml devices."""
+               float stdev=0.1, drop_keys=(), attn_split=None):
+    """A random-weight model of the architecture's test fixture, on the given ggml devices (attn_split:
+    split_mode "tensor" only, one proportion per device)."""
     cdef gguf_context * g = pyllama_so_arch_metadata(arch.encode(), moe)
     if g == NULL:
         raise ValueError(f"unknown architecture {arch!r}")
     cdef ggml_backend_dev_t * devs = <ggml_backend_dev_t *> calloc(len(device_indices) + 1, sizeof(ggml_backend_dev_t))
+    cdef float * attn_buf = <float *> calloc(llama_max_devices(), sizeof(float))
     cdef llama_model_params p
     try:
         for key in drop_keys:
             if gguf_remove_key(g, key.encode()) < 0:
                 raise KeyError(key)
-        p = _arch_model_params(device_indices, split_mode, devs)
+        p = _arch_model_params(device_indices, split_mode, devs, attn_buf, attn_split)
         return _random_model(g, p, seed, stdev, arch)
     finally:
         gguf_free(g)
         free(devs)
+        free(attn_buf)
 
 
 def arch_model_load(path, list device_indices, str split_mode="layer"):
@@ -310,6 +316,9 @@ def arch_causal_toggle_ok(Context ctx, tokens):
 cdef extern from "lane-fixtures.h" nogil:
     int pyllama_so_testing_delay_lane(llama_context * ctx, int32_t lane, int64_t delay_us)
     size_t pyllama_so_testing_compute_bytes(const llama_context * ctx)
+    int pyllama_so_testing_context_bytes(const llama_context * ctx, const char ** names, size_t * bytes, int n_out)
+    int pyllama_so_testing_kv_cell_bytes(const llama_context * ctx, ggml_type type_k, ggml_type type_v,
+                                         size_t * out, int n_out)
     int pyllama_so_testing_lane_race(const int * device_indices, int n_devs, int n_subgraphs, int n_ubatches,
                                      int lanes, int64_t delay_us_lane0, int64_t delay_us_lane1, float * out)
 
@@ -324,6 +333,29 @@ def compute_bytes(Context ctx):
     """Compute-buffer bytes in llama.cpp's memory breakdown of the context (every device, both lanes)."""
     ctx._check_open()
     return pyllama_so_testing_compute_bytes(ctx.ptr)
+
+
+def context_bytes(Context ctx):
+    """Context (KV cache, recurrent state) bytes per buffer type in llama.cpp's memory breakdown, as a dict
+    {buffer type name: bytes}; a Meta buffer type counts each buffer's largest device, as upstream reports it."""
+    ctx._check_open()
+    cdef const char * names[64]
+    cdef size_t sizes[64]
+    cdef int n = pyllama_so_testing_context_bytes(ctx.ptr, names, sizes, 64)
+    return {(<bytes> names[i]).decode(): sizes[i] for i in range(min(n, 64))}
+
+
+def kv_cell_bytes(Context ctx, type_k="f16", type_v="f16"):
+    """Bytes of one KV cell (K and V rows of every attention layer) per device of the model's tensor split,
+    where the Meta backend puts them (the model's split function on the KV cache tensors); one entry when
+    the model is not split by tensor."""
+    ctx._check_open()
+    cdef size_t out[64]
+    cdef int n = pyllama_so_testing_kv_cell_bytes(ctx.ptr, <ggml_type> <int> _CACHE_TYPES[cache_type_name(type_k)],
+                                                  <ggml_type> <int> _CACHE_TYPES[cache_type_name(type_v)], out, 64)
+    if n < 0:
+        raise RuntimeError(f"pyllama_so_testing_kv_cell_bytes failed ({n})")
+    return [out[i] for i in range(n)]
 
 
 def lane_race(list device_indices, int n_subgraphs=6, int n_ubatches=8, bint lanes=True, delays_us=(0, 0)):
