@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 from pyllama_so import Llama, _llama, args, testing
 from pyllama_so.bench.__main__ import main as bench_main
 from pyllama_so.bench.__main__ import parser as bench_parser
+from split_devices import copy_engine_routing, cuda_device_pair, same_bits, virtual_devices
 
 MAKES_CPU_VIRTUAL_DEVICES = True  # conftest runs this module last
 
@@ -29,12 +29,6 @@ SPLITS = ((1.0, 3.0), (1.0, 0.0), (0.0, 1.0))
 _TOKENS = [int(t) for t in np.random.default_rng(11).integers(1, 127, 200)]
 
 
-def _virtual_devices(n: int) -> list[int]:
-    _llama.cpu_virtual_devices(3)
-    idx = [d["index"] for d in _llama.devices() if d["backend"] == "CPUV"]
-    if len(idx) < n:
-        pytest.skip(f"needs {n} CPU virtual devices, the process has {len(idx)}")
-    return idx[:n]
 
 
 def _moe(arch: str) -> bool:
@@ -66,8 +60,6 @@ def _nmse(ref: np.ndarray, x: np.ndarray) -> float:
     return float(((ref64 - x) ** 2).sum() / (ref64 ** 2).sum())
 
 
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 _CPU: dict[str, tuple[np.ndarray, int]] = {}
@@ -102,7 +94,7 @@ def _check_kv(cells: list[int], split: tuple[float, float], total: int) -> None:
 @pytest.mark.parametrize("split", SPLITS, ids=lambda s: "as-" + "-".join(str(int(v)) for v in s))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attn_split_equals_cpu(arch: str, split: tuple[float, float]) -> None:
-    devices = _virtual_devices(2)
+    devices = virtual_devices(2)
     cpu, total = _cpu(arch), _kv_total(arch)
     meta, off, cells = _run(arch, devices, "tensor", list(split))
     assert not off["enabled"]
@@ -110,13 +102,13 @@ def test_attn_split_equals_cpu(arch: str, split: tuple[float, float]) -> None:
     _check_kv(cells, split, total)
     lanes, stats, cells_so = _run(arch, devices, "tensor", list(split), split_overlap=True)
     assert stats["enabled"] and stats["ubatches"][1] >= 1, stats
-    assert _same_bits(meta, lanes), f"max |diff| {np.abs(meta - lanes).max()}"
+    assert same_bits(meta, lanes), f"max |diff| {np.abs(meta - lanes).max()}"
     assert cells_so == cells
 
 
 def test_default_follows_tensor_split() -> None:
     """Without attn_split the heads follow tensor_split (even here); with it, they do not."""
-    devices = _virtual_devices(2)
+    devices = virtual_devices(2)
     even = _run("llama", devices, "tensor")[2]
     assert even[0] == even[1]
     by_attn = _run("llama", devices, "tensor", [1, 3])[2]
@@ -140,7 +132,7 @@ def _meta_context_bytes(arch: str, devices: list[int], attn_split) -> tuple[int,
 
 @pytest.mark.parametrize("split", [None, (1.0, 3.0), (1.0, 0.0), (0.0, 1.0), (3.0, 1.0)])
 def test_kv_bytes_per_device_follow_the_attention_split(split) -> None:
-    devices = _virtual_devices(2)
+    devices = virtual_devices(2)
     context, cells = _meta_context_bytes("llama", devices, None if split is None else list(split))
     # A Meta buffer is as large as its largest device's buffer: the KV rows of that device for every cell,
     # plus at most the buffer alignment per tensor.
@@ -163,7 +155,7 @@ def test_kv_bytes_per_device_follow_the_attention_split(split) -> None:
 def test_a_fraction_of_a_head_is_rounded_not_an_error() -> None:
     """1/1000 leaves device 0 less than one KV head: each boundary is rounded down to whole heads (in a
     per-layer rotated order, so device 0 gets 0 heads in some layers and 1 in others); the output stays right."""
-    devices = _virtual_devices(2)
+    devices = virtual_devices(2)
     meta, _, cells = _run("llama", devices, "tensor", [1, 1000])
     _, _, one_head_each = _run("llama", devices, "tensor", [1, 1])
     assert cells[0] < cells[1] and cells[0] <= one_head_each[0], (cells, one_head_each)
@@ -197,13 +189,13 @@ def test_llama_bad_attn_split(tiny_model: Path, bad: list[float]) -> None:
 
 
 def test_arch_model_attn_split_longer_than_its_devices() -> None:
-    devices = _virtual_devices(2)
+    devices = virtual_devices(2)
     with pytest.raises(ValueError, match="attn_split has 3 entries but there are 2 device"):
         testing.arch_model("llama", False, devices, "tensor", attn_split=[1, 1, 1])
 
 
 def test_llama_with_attn_split_runs(tiny_model: Path) -> None:
-    _virtual_devices(2)
+    virtual_devices(2)
     with Llama(tiny_model, split_mode="tensor", attn_split=[1, 3], n_ctx=256, flash_attn=True) as llm:
         with_as = llm.eval(llm.tokenize("Hello world"))
     with Llama(tiny_model, split_mode="none", n_ctx=256, flash_attn=True) as llm:
@@ -253,7 +245,7 @@ def test_bench_bad_attn_split_exits_2(tiny_model: Path, bad: list[str]) -> None:
 
 
 def test_bench_attn_split_column(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _virtual_devices(2)
+    virtual_devices(2)
     rc = bench_main(["-m", str(tiny_model), "-sm", "tensor", "-fa", "1", "-p", "16", "-n", "0", "-r", "1",
                      "-as", "1/3;-", "-o", "md", "--no-progress"])
     out = capsys.readouterr().out
@@ -267,7 +259,7 @@ def test_bench_attn_split_column(tiny_model: Path, capsys: pytest.CaptureFixture
 
 
 def test_bench_attn_split_json_and_skip(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _virtual_devices(2)
+    virtual_devices(2)
     rc = bench_main(["-m", str(tiny_model), "-sm", "tensor,layer", "-fa", "1", "-p", "16", "-n", "0", "-r", "1",
                      "-as", "0/1", "-o", "json", "--no-progress"])
     captured = capsys.readouterr()
@@ -279,35 +271,24 @@ def test_bench_attn_split_json_and_skip(tiny_model: Path, capsys: pytest.Capture
 
 # --- on a GPU: two CUDA devices, copy engines forced ------------------------------------------------------
 
-def _cuda_devices() -> list[int]:
-    idx = [d["index"] for d in _llama.devices() if d["backend"] == "CUDA"]
-    if len(idx) < 2:
-        pytest.skip("needs 2 CUDA devices (GGML_CUDA_DEVICES=2 makes two on one GPU)")
-    return idx[:2]
-
-
 @pytest.fixture
 def forced_copy_engines() -> object:
     from pyllama_so import allreduce
 
-    keys = (allreduce.ENV_CE, allreduce.ENV_CE_MIN_BYTES)
-    saved = {k: os.environ.get(k) for k in keys}
-    allreduce.configure_allreduce(copy_engines=True, min_bytes=1)  # before any context is created
-    allreduce.reset_allreduce_stats()
-    yield allreduce
-    allreduce.set_env(saved)
+    with copy_engine_routing(True):
+        yield allreduce
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("split", SPLITS, ids=lambda s: "as-" + "-".join(str(int(v)) for v in s))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_gpu_attn_split_with_copy_engines(arch: str, split: tuple[float, float], forced_copy_engines) -> None:
-    devices = _cuda_devices()
+    devices = cuda_device_pair()
     cpu, _, full = _run(arch, [], "none")
     meta, _, cells = _run(arch, devices, "tensor", list(split))
     assert _nmse(cpu, meta) < 1e-4, _nmse(cpu, meta)
     _check_kv(cells, split, full[0])
     lanes, stats, _ = _run(arch, devices, "tensor", list(split), split_overlap=True)
     assert stats["enabled"], stats
-    assert _same_bits(meta, lanes), f"max |diff| {np.abs(meta - lanes).max()}"
+    assert same_bits(meta, lanes), f"max |diff| {np.abs(meta - lanes).max()}"
     assert forced_copy_engines.allreduce_stats().paths["ce"].calls > 0  # the reductions took the copy engines

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from pyllama_so import _llama, testing
+from split_devices import copy_engine_routing, cuda_device_pair, same_bits, virtual_devices
 
 MAKES_CPU_VIRTUAL_DEVICES = True  # conftest runs this module last
 
@@ -30,16 +31,8 @@ NO_SINGLE_TOKENS = {"qwen3"}
 _TOKENS = [int(t) for t in np.random.default_rng(7).integers(1, 127, 256)]
 
 
-def _virtual_devices(n: int) -> list[int]:
-    _llama.cpu_virtual_devices(3)
-    idx = [d["index"] for d in _llama.devices() if d["backend"] == "CPUV"]
-    if len(idx) < n:
-        pytest.skip(f"needs {n} CPU virtual devices, the process has {len(idx)}")
-    return idx[:n]
 
 
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def _sequence(ctx: _llama.Context, singles: bool) -> np.ndarray:
@@ -83,19 +76,19 @@ def _cases() -> list:
 
 @pytest.mark.parametrize("arch,moe,n_dev", _cases())
 def test_lanes_give_the_bits_of_one_lane(arch: str, moe: bool, n_dev: int) -> None:
-    devices = _virtual_devices(n_dev)
+    devices = virtual_devices(n_dev)
     meta, off = _run(arch, moe, devices, "tensor", False)
     lanes, stats = _run(arch, moe, devices, "tensor", True, delays_us=(300, 0))
     assert not off["enabled"] and stats["enabled"], stats
     assert stats["ubatches"][1] >= 2 and stats["graph_builds"][1] >= 1, stats  # both lanes really ran
-    assert _same_bits(meta, lanes), f"max |diff| {np.abs(meta - lanes).max()}"
+    assert same_bits(meta, lanes), f"max |diff| {np.abs(meta - lanes).max()}"
     cpu, _ = _run(arch, moe, None, "none", False)
     nmse = float(np.mean((lanes - cpu) ** 2) / np.mean(cpu ** 2))
     assert nmse < 1e-4, nmse
 
 
 def test_alternation_carries_over_and_small_ubatches_stay_on_lane_0() -> None:
-    devices = _virtual_devices(2)
+    devices = virtual_devices(2)
     model = testing.arch_model("llama", False, devices, "tensor")
     ctx = _llama.Context(model, n_ctx=256, n_batch=N_UBATCH, n_ubatch=N_UBATCH, split_overlap=True, n_threads=1)
     try:
@@ -121,7 +114,7 @@ def test_alternation_carries_over_and_small_ubatches_stay_on_lane_0() -> None:
 
 
 def test_each_lane_reserves_a_full_ubatch_of_compute_buffers() -> None:
-    devices = _virtual_devices(2)
+    devices = virtual_devices(2)
     sizes = {}
     for so in (False, True):
         model = testing.arch_model("llama", False, devices, "tensor")
@@ -142,11 +135,11 @@ RACE_DELAYS_US = (2000, 4000)
 @pytest.mark.parametrize("n_dev", [2, 3])
 def test_state_read_many_subgraphs_later_is_ordered(n_dev: int) -> None:
     """Gemma-style: state written in the first subgraph is read in the last (testing/lane-race-fixture.cpp)."""
-    devices = _virtual_devices(n_dev)
+    devices = virtual_devices(n_dev)
     one_lane = testing.lane_race(devices, lanes=False)
     assert np.isfinite(one_lane).all() and np.abs(one_lane).max() > 0
     for delays in ((0, 0), RACE_DELAYS_US, (4000, 0)):
-        assert _same_bits(one_lane, testing.lane_race(devices, lanes=True, delays_us=delays)), delays
+        assert same_bits(one_lane, testing.lane_race(devices, lanes=True, delays_us=delays)), delays
 
 
 _MUTANT = textwrap.dedent("""
@@ -157,14 +150,14 @@ _MUTANT = textwrap.dedent("""
     import test_split_overlap as t
     what = sys.argv[1]
     if what == "race":
-        devices = t._virtual_devices(2)
+        devices = t.virtual_devices(2)
         ref = testing.lane_race(devices, lanes=False)
         got = testing.lane_race(devices, lanes=True, delays_us=t.RACE_DELAYS_US)
     else:
-        devices = t._virtual_devices(2)
+        devices = t.virtual_devices(2)
         ref, _ = t._run(what, False, devices, "tensor", False)
         got, _ = t._run(what, False, devices, "tensor", True, delays_us=(3000, 0))
-    print("SAME" if t._same_bits(ref, got) else "DIFFERENT")
+    print("SAME" if t.same_bits(ref, got) else "DIFFERENT")
 """)
 
 
@@ -211,7 +204,7 @@ def _stats(devices: list[int], split_mode: str = "tensor", decode: bool = True, 
 
 
 def test_lanes_stay_off_without_tensor_split() -> None:
-    stats = _stats(_virtual_devices(2), split_mode="layer")
+    stats = _stats(virtual_devices(2), split_mode="layer")
     assert not stats["enabled"] and stats["reason"] == "split_mode is not tensor"
     assert stats["ubatches"] == [0, 0]
 
@@ -219,12 +212,12 @@ def test_lanes_stay_off_without_tensor_split() -> None:
 def test_lanes_stay_off_with_the_kv_cache_on_the_host() -> None:
     # no decode: upstream's tensor split over CPU virtual devices dies of a floating point exception in
     # the first decode with offload_kqv=False, with or without split overlap
-    stats = _stats(_virtual_devices(2), decode=False, offload_kqv=False)
+    stats = _stats(virtual_devices(2), decode=False, offload_kqv=False)
     assert not stats["enabled"] and "KV cache" in stats["reason"]
 
 
 def test_lanes_stay_off_with_layers_on_the_host(tiny_model) -> None:
-    devices = _virtual_devices(2)
+    devices = virtual_devices(2)
     del devices  # the model loads on every GPU-type device, the virtual ones included
     model = _llama.Model.load(tiny_model, n_gpu_layers=1, split_mode="tensor")
     ctx = _llama.Context(model, n_ctx=256, n_ubatch=N_UBATCH, split_overlap=True, n_threads=1)
@@ -237,7 +230,7 @@ def test_lanes_stay_off_with_layers_on_the_host(tiny_model) -> None:
 
 
 def test_lanes_are_not_counted_when_not_requested() -> None:
-    devices = _virtual_devices(2)
+    devices = virtual_devices(2)
     model = testing.arch_model("llama", False, devices, "tensor")
     ctx = _llama.Context(model, n_ctx=256, n_ubatch=N_UBATCH, n_threads=1)
     try:
@@ -252,7 +245,7 @@ def test_lanes_are_not_counted_when_not_requested() -> None:
 def test_lanes_stay_off_on_devices_without_events() -> None:
     code = textwrap.dedent("""
         from pyllama_so import _llama, testing
-        _llama.cpu_virtual_devices(2)
+        _llama.cpuvirtual_devices(2)
         idx = [d["index"] for d in _llama.devices() if d["backend"] == "CPUV"]
         model = testing.arch_model("llama", False, idx, "tensor")
         ctx = _llama.Context(model, n_ctx=256, n_ubatch=64, split_overlap=True, n_threads=1)
@@ -269,24 +262,11 @@ def test_lanes_stay_off_on_devices_without_events() -> None:
 
 # --- on a GPU: two CUDA devices (two GPUs, or GGML_CUDA_DEVICES=2 on one) --------------------------------
 
-def _cuda_devices() -> list[int]:
-    idx = [d["index"] for d in _llama.devices() if d["backend"] == "CUDA"]
-    if len(idx) < 2:
-        pytest.skip("needs 2 CUDA devices (GGML_CUDA_DEVICES=2 makes two on one GPU)")
-    return idx[:2]
-
-
 @pytest.fixture
 def copy_engines(request: pytest.FixtureRequest) -> object:
     """The AllReduce routing of the contexts made in the test: copy engines for every reduction, or upstream's."""
-    from pyllama_so import allreduce
-
-    keys = (allreduce.ENV_CE, allreduce.ENV_CE_MIN_BYTES)
-    saved = {k: os.environ.get(k) for k in keys}
-    allreduce.configure_allreduce(copy_engines=request.param, min_bytes=1 if request.param else None)
-    allreduce.reset_allreduce_stats()
-    yield request.param
-    allreduce.set_env(saved)
+    with copy_engine_routing(request.param):
+        yield request.param
 
 
 @pytest.mark.gpu
@@ -295,12 +275,12 @@ def copy_engines(request: pytest.FixtureRequest) -> object:
 def test_gpu_lanes_give_the_bits_of_one_lane(arch: str, copy_engines: bool) -> None:
     from pyllama_so import allreduce
 
-    devices = _cuda_devices()
+    devices = cuda_device_pair()
     moe = testing.arch_flags(arch)["moe_mandatory"]  # qwen3next has no dense variant
     meta, _ = _run(arch, moe, devices, "tensor", False)
     lanes, stats = _run(arch, moe, devices, "tensor", True)
     assert stats["enabled"] and stats["ubatches"][1] >= 2, stats
-    assert _same_bits(meta, lanes), f"max |diff| {np.abs(meta - lanes).max()}"
+    assert same_bits(meta, lanes), f"max |diff| {np.abs(meta - lanes).max()}"
     if copy_engines:
         assert allreduce.allreduce_stats().paths["ce"].calls > 0  # the lanes' reductions took the copy engines
 
@@ -308,6 +288,6 @@ def test_gpu_lanes_give_the_bits_of_one_lane(arch: str, copy_engines: bool) -> N
 @pytest.mark.gpu
 @pytest.mark.parametrize("copy_engines", [False, True], indirect=True, ids=["upstream-allreduce", "copy-engines"])
 def test_gpu_state_read_many_subgraphs_later_is_ordered(copy_engines: bool) -> None:
-    devices = _cuda_devices()
+    devices = cuda_device_pair()
     one_lane = testing.lane_race(devices, lanes=False, n_ubatches=32)
-    assert _same_bits(one_lane, testing.lane_race(devices, lanes=True, n_ubatches=32))
+    assert same_bits(one_lane, testing.lane_race(devices, lanes=True, n_ubatches=32))

@@ -83,30 +83,28 @@ def boolean(text: str) -> bool:
     return BOOL[key]
 
 
-def tensor_split(text: str) -> tuple[float, ...]:
-    """-ts: proportions per device separated by '/', e.g. 1/1 or 3/1 (checked as Llama checks them)."""
+def _proportions(text: str, sep: str, check: Callable[[list[float]], list[float]], what: str,
+                 example: str) -> tuple[float, ...]:
+    """Proportions per device separated by sep, checked by the bindings' rule (as Llama checks them)."""
     try:
-        values = [float(v) for v in text.split("/")]
+        values = [float(v) for v in text.split(sep)]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad tensor split {text!r}; expected e.g. 1/1") from None
+        raise argparse.ArgumentTypeError(f"bad {what} {text!r}; expected e.g. {example}") from None
     try:
-        return tuple(_llama.check_tensor_split(values))
+        return tuple(check(values))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def tensor_split(text: str) -> tuple[float, ...]:
+    """-ts: proportions per device separated by '/', e.g. 1/1 or 3/1."""
+    return _proportions(text, "/", _llama.check_tensor_split, "tensor split", "1/1")
 
 
 def attn_split(text: str) -> tuple[float, ...]:
     """--attn-split / -as: the attention heads' proportions per device, as llama.cpp writes lists: 1/3 or
-    1,3 (checked as Llama checks them; a 0 entry gives that device no attention)."""
-    sep = "/" if "/" in text else ","
-    try:
-        values = [float(v) for v in text.split(sep)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad attention split {text!r}; expected e.g. 1/3 or 1,3") from None
-    try:
-        return tuple(_llama.check_attn_split(values))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    1,3 (a 0 entry gives that device no attention)."""
+    return _proportions(text, "/" if "/" in text else ",", _llama.check_attn_split, "attention split", "1/3 or 1,3")
 
 
 ATTN_SPLIT_NONE = ("-", "none")  # an alternative of the bench's -as that follows -ts

@@ -1,0 +1,49 @@
+"""Peak GPU memory while a process runs, for the benchmark scripts beside this file (so-matrix,
+so-scenario). Imports nothing of pyllama_so: a CUDA context in the measuring process would count too."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+
+
+class VramSampler:
+    """Peak memory.used per GPU index, from nvidia-smi every 200 ms; empty without an NVIDIA driver."""
+
+    def __init__(self) -> None:
+        self.peak: dict[int, int] = {}
+        try:
+            self._proc: subprocess.Popen[str] | None = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits", "-lms", "200"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except FileNotFoundError:  # no NVIDIA driver: nothing to sample (CPU virtual devices)
+            self._proc = None
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        if self._proc is None or self._proc.stdout is None:
+            return
+        for line in self._proc.stdout:
+            try:
+                i, mib = (int(x) for x in line.split(","))
+            except ValueError:
+                continue
+            self.peak[i] = max(self.peak.get(i, 0), mib)
+
+    def stop(self) -> dict[int, int]:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait()
+        self._thread.join(timeout=2)
+        return dict(self.peak)
+
+
+def run_sampled(cmd: list[str], **kwargs: object) -> tuple[subprocess.CompletedProcess[str], dict[int, int]]:
+    """subprocess.run(cmd, capture_output=True, text=True, **kwargs) and the peak VRAM per GPU meanwhile."""
+    sampler = VramSampler()
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    finally:
+        peak = sampler.stop()
+    return res, peak
