@@ -245,7 +245,7 @@ def test_lanes_are_not_counted_when_not_requested() -> None:
 def test_lanes_stay_off_on_devices_without_events() -> None:
     code = textwrap.dedent("""
         from pyllama_so import _llama, testing
-        _llama.cpuvirtual_devices(2)
+        _llama.cpu_virtual_devices(2)
         idx = [d["index"] for d in _llama.devices() if d["backend"] == "CPUV"]
         model = testing.arch_model("llama", False, idx, "tensor")
         ctx = _llama.Context(model, n_ctx=256, n_ubatch=64, split_overlap=True, n_threads=1)
