@@ -349,6 +349,15 @@ def check_batch_sizes(n_batch, n_ubatch):
         raise ValueError(f"n_ubatch ({n_ubatch}) must not exceed n_batch ({n_batch})")
 
 
+def default_n_ubatch(n_batch, split_overlap):
+    """The ubatch when none is given: llama.cpp's 512, or half of n_batch with split overlap, so that
+    each batch gives both lanes a ubatch (on two H200s, pp2048 with -b 2048 ran fastest at -ub 1024 of
+    128-2048; docs/benchmarks.md). Never below the 64 tokens a lane needs, nor above n_batch."""
+    if split_overlap:
+        return min(n_batch, max(64, n_batch // 2))
+    return min(n_batch, 512)
+
+
 cdef inline int64_t _now_ns() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)

@@ -48,7 +48,8 @@ class Llama:
     split_overlap: with split_mode="tensor", consecutive ubatches of at least 64 tokens alternate
     between two lanes (each with its own scheduler, streams, AllReduce context and compute buffers),
     so one ubatch's AllReduces run while the next ubatch computes. It helps prompt processing where
-    the AllReduces take a noticeable share of the time; n_ubatch is the size of each lane's ubatch.
+    the AllReduces take a noticeable share of the time; n_ubatch is the size of each lane's ubatch, by
+    default half of n_batch (else 512, as llama.cpp), so that every batch feeds both lanes.
     The logits are bitwise identical to those without it. Decoding (ubatches under 64 tokens) stays
     on lane 0. Each lane reserves its own compute buffers. Without split_mode="tensor" it is a
     ValueError; where the library keeps the lanes off (e.g. not every layer on the split devices),
@@ -70,7 +71,7 @@ class Llama:
         main_gpu: int = 0,
         n_ctx: int = 4096,
         n_batch: int = 2048,
-        n_ubatch: int = 512,
+        n_ubatch: int | None = None,
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         flash_attn: str | bool | None = "auto",
@@ -92,6 +93,8 @@ class Llama:
                              "attention heads of tensor split")
         if n_ctx < 0:
             raise ValueError(f"n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
+        if n_ubatch is None:
+            n_ubatch = _llama.default_n_ubatch(n_batch, split_overlap)
         _llama.check_batch_sizes(n_batch, n_ubatch)
         n_gpus = _llama.gpu_device_count()
         if n_gpus and not 0 <= main_gpu < n_gpus:

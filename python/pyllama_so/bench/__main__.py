@@ -55,7 +55,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("-b", "--batch-size", type=A.comma_list(A.positive_int),
                     default=env("BATCH", d.n_batch))
     ap.add_argument("-ub", "--ubatch-size", type=A.comma_list(A.positive_int),
-                    default=env("UBATCH", d.n_ubatch))
+                    default=A.env_default("UBATCH", "") or None,
+                    help="default 512; with -so 1 half of -b (each batch feeds both lanes; env LLAMA_ARG_UBATCH)")
     ap.add_argument("-ngl", "--n-gpu-layers", type=A.comma_list(A.gpu_layers),
                     default=env("N_GPU_LAYERS", d.n_gpu_layers))
     ap.add_argument("-sm", "--split-mode", type=A.comma_list(A.split_mode),
