@@ -81,7 +81,12 @@ void llama_split_overlap::init(llama_context & ctx, const llama_context_params &
 }
 
 void llama_split_overlap::activate(llama_context & ctx, int lane) {
-    if (!enabled || lane == active) {
+    if (!enabled) {
+        return;
+    }
+    // the lane's thread may still be issuing its previous graph, which lives in the lane's graph result
+    ggml_backend_meta_lanes_flush(metas[lane]);
+    if (lane == active) {
         return;
     }
     std::swap(ctx.sched,              stash.sched);
@@ -125,6 +130,14 @@ void llama_split_overlap::after_reserve(llama_context & ctx) {
     ctx.sched_need_reserve = true;
     ctx.sched_reserve();
     activate(ctx, lane);
+}
+
+void llama_split_overlap::wait_issued() const {
+    for (ggml_backend_t meta : metas) {
+        if (meta != nullptr) {
+            ggml_backend_meta_lanes_flush(meta);
+        }
+    }
 }
 
 void llama_split_overlap::synchronize() {
