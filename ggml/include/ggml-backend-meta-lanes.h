@@ -36,6 +36,10 @@ GGML_API bool ggml_backend_meta_share_lanes(ggml_backend_t a, ggml_backend_t b);
 // executed); a no-op for other backends. GGML_META_LANES_THREADS=0 issues on the calling thread instead.
 GGML_API void ggml_backend_meta_lanes_flush(ggml_backend_t meta_backend);
 
+// Issue the lane's next graphs on the calling thread (on) or on the lane's thread (off, the default):
+// for small graphs, such as decoding one token, the hand-over costs more than the overlap gains.
+GGML_API void ggml_backend_meta_lanes_issue_inline(ggml_backend_t meta_backend, bool on);
+
 // The lane of a linked Meta backend (0 or 1), -1 if it is not linked.
 GGML_API int ggml_backend_meta_lane(ggml_backend_t meta_backend);
 

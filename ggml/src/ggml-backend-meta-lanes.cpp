@@ -124,6 +124,7 @@ struct lane_state {
     size_t   n_issued    = 0;     // subgraphs issued on every device
 
     std::unique_ptr<lane_worker> worker; // made on the first graph; none with GGML_META_LANES_THREADS=0
+    bool issue_inline = false;           // ggml_backend_meta_lanes_issue_inline: on the calling thread
 
     void free_events() {
         for (auto & evs : events) {
@@ -288,7 +289,8 @@ void ggml_backend_meta_lanes_after_subgraph(ggml_backend_meta_lanes * lanes, int
 ggml_status ggml_backend_meta_lanes_compute(ggml_backend_meta_lanes * lanes, int lane, ggml_backend_t backend,
                                            ggml_cgraph * cgraph, ggml_status (*issue)(ggml_backend_t, ggml_cgraph *)) {
     lane_state & self = lanes->lane[lane];
-    if (lanes->threads && !self.worker) {
+    const bool threaded = lanes->threads && !self.issue_inline;
+    if (threaded && !self.worker) {
         self.worker = std::make_unique<lane_worker>();
         self.worker->thread = std::thread([w = self.worker.get()] { w->run(); });
     }
@@ -312,8 +314,9 @@ ggml_status ggml_backend_meta_lanes_compute(ggml_backend_meta_lanes * lanes, int
         lanes->cv.notify_all();
         return status;
     };
-    if (!self.worker) {
-        return job();
+    if (!threaded) {
+        const ggml_status status = job();
+        return failure != GGML_STATUS_SUCCESS ? failure : status;
     }
     {
         std::lock_guard<std::mutex> lock(self.worker->mutex);
@@ -437,6 +440,14 @@ void ggml_backend_meta_lanes_flush(ggml_backend_t meta_backend) {
     ggml_backend_meta_lanes * lanes = ggml_backend_is_meta(meta_backend) ? ggml_backend_meta_lanes_get(meta_backend, &lane) : nullptr;
     if (lanes != nullptr) {
         ggml_backend_meta_lanes_wait_issued(lanes, lane);
+    }
+}
+
+void ggml_backend_meta_lanes_issue_inline(ggml_backend_t meta_backend, bool on) {
+    int lane = 0;
+    ggml_backend_meta_lanes * lanes = ggml_backend_is_meta(meta_backend) ? ggml_backend_meta_lanes_get(meta_backend, &lane) : nullptr;
+    if (lanes != nullptr) {
+        lanes->lane[lane].issue_inline = on;
     }
 }
 

@@ -103,11 +103,14 @@ void llama_split_overlap::select(llama_context & ctx, const llama_ubatch & ubatc
     }
     int lane = 0;
     // backend samplers keep per-sequence state outside the Meta buffers: stay on one lane with them
-    if (ubatch.n_tokens >= LLAMA_SPLIT_OVERLAP_MIN_TOKENS && ctx.sampling.samplers.empty()) {
+    const bool large = ubatch.n_tokens >= LLAMA_SPLIT_OVERLAP_MIN_TOKENS && ctx.sampling.samplers.empty();
+    if (large) {
         lane = next;
         next ^= 1;
     }
     activate(ctx, lane);
+    // a small ubatch (decoding) gains nothing from the lane's issue thread and would pay the hand-over
+    ggml_backend_meta_lanes_issue_inline(metas[lane], !large);
     ubatches[lane]++;
 }
 
