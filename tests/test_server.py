@@ -236,6 +236,15 @@ def test_chat_equals_llama_on_the_chatml_prompt(server: Server, llm: Llama, stre
     assert got == want
 
 
+def test_echo_and_max_tokens_0(server: Server, llm: Llama) -> None:
+    want = llm.create_completion(PROMPT, max_tokens=6, temperature=0.0, echo=True)["choices"][0]["text"]
+    out = server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, echo=True)
+    assert out.choices[0].text == want and want.startswith(PROMPT)
+    none = server.post("/v1/completions", {"prompt": PROMPT + " and more", "max_tokens": 0}).json()
+    assert (none["choices"][0]["text"], none["choices"][0]["finish_reason"]) == ("", "length")
+    assert none["usage"]["completion_tokens"] == 0 and none["timings"]["prompt_n"] > 0  # the prompt was evaluated
+
+
 def test_stop_string_equals_llama(server: Server, llm: Llama) -> None:
     """A stop string met in the middle of the output: the text ends before it, finish_reason "stop",
     streamed or not, as Llama's."""

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -154,7 +155,8 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             finally:
                 run.cancel()
 
-        return EventSourceResponse(events())
+        # the background task also cancels a job whose stream never started (a client gone at once)
+        return EventSourceResponse(events(), background=BackgroundTask(run.cancel))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -184,9 +186,9 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             bad = [t for t in prompt if not 0 <= t < n_vocab]
             if bad:
                 raise ApiError(400, f"token id {bad[0]} out of range [0, {n_vocab})", param="prompt")
+        echo = model.detokenize_bytes(prompt).decode("utf-8", "replace") if body.echo else ""
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         run = Run(engine, body, prompt, body.max_tokens, "prompt", cid)
-        echo = model.detokenize_bytes(prompt).decode("utf-8", "replace") if body.echo else ""
 
         def chunk(text: str, finish: str | None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_id,

@@ -165,7 +165,7 @@ class Slot:
 
 @dataclass(frozen=True)
 class Step:
-    """What one llama_decode call held: (slot id, tokens, kind) per slot, kind "prompt" or "generate"."""
+    """What one llama_decode call held: (slot id, tokens, kind) per slot, kind "prefill" or "generate"."""
 
     index: int
     items: tuple[tuple[int, int, str], ...]
