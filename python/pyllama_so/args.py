@@ -226,10 +226,11 @@ def add_model_args(ap: argparse.ArgumentParser, *, lists: bool = False, syntheti
             continue
         env = f"LLAMA_ARG_{f.env}"
         default = os.environ.get(env) or (f.default() if callable(f.default) else f.default)
-        kw: dict[str, Any] = {"default": default, "metavar": f.metavar, "help": f"{f.help} (env {env})"}
+        note = f"default {f.default}; env {env}" if isinstance(f.default, str) else f"env {env}"
+        kw: dict[str, Any] = {"default": default, "metavar": f.metavar, "help": f"{f.help} ({note})"}
         if lists:
             kw["type"] = f.alternatives or comma_list(f.parse)
-            kw["help"] = f"{f.help}; {f.alternatives_help} (env {env})"
+            kw["help"] = f"{f.help}; {f.alternatives_help} ({note})"
             if f.repeat:
                 kw["action"] = _ReplaceDefaultThenExtend
         else:
