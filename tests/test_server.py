@@ -138,7 +138,8 @@ def test_model_flags_come_from_one_table(monkeypatch: pytest.MonkeyPatch) -> Non
     for f in A.MODEL_FLAGS:
         monkeypatch.delenv(f"LLAMA_ARG_{f.env}", raising=False)
     server_ns, bench_ns = server_parser().parse_args([]), bench_parser().parse_args([])
-    for attr, dest in [("n_batch", "batch_size"), ("n_ubatch", "ubatch_size"), ("n_gpu_layers", "n_gpu_layers"),
+    assert bench_ns.ubatch_size is DEFAULTS.n_ubatch is server_ns.ubatch_size is None  # 512, or -b / 2 with -so 1
+    for attr, dest in [("n_batch", "batch_size"), ("n_gpu_layers", "n_gpu_layers"),
                        ("split_mode", "split_mode"), ("main_gpu", "main_gpu"), ("flash_attn", "flash_attn"),
                        ("type_k", "cache_type_k"), ("type_v", "cache_type_v"), ("split_overlap", "split_overlap")]:
         assert bench_ns.__dict__[dest] == getattr(DEFAULTS, attr) == [server_ns.__dict__[dest]], dest

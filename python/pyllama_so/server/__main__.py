@@ -95,6 +95,8 @@ def _main(argv: list[str] | None) -> int:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     _llama.set_log_level("info" if ns.verbose else "error")
+    if ns.ubatch_size is None:  # llama.cpp's 512, or with -so 1 half of -b, as Llama and the bench
+        ns.ubatch_size = _llama.default_n_ubatch(ns.batch_size, ns.split_overlap)
     try:
         _llama.check_batch_sizes(ns.batch_size, ns.ubatch_size)
         if ns.split_overlap and ns.split_mode != "tensor":
