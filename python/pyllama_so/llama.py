@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import codecs
 import os
 import time
 import uuid
@@ -20,6 +19,7 @@ import numpy as np
 from pyllama_so import _llama
 from pyllama_so._llama import ContextFullError, ModelLoadError
 from pyllama_so.sampling import SamplingParams, sample
+from pyllama_so.textstream import TextStream
 
 _GGUF_MAGIC = b"GGUF"
 
@@ -291,7 +291,7 @@ class Llama:
                     top_k: int, min_p: float, stop: str | Sequence[str] | None, seed: int | None,
                     echo: bool) -> Iterator[dict[str, Any]]:
         prompt_tokens = self.tokenize(prompt) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
-        stops = [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]  # "" would stop at once
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
         if max_tokens is not None and max_tokens <= 0:
             max_tokens = None  # llama-cpp-python: <= 0 means up to the end of the context
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
@@ -302,40 +302,22 @@ class Llama:
 
         if echo:
             yield chunk(self.detokenize(prompt_tokens).decode("utf-8", "replace"), None)
-        produced: list[int] = []
-        # The text is detokenize(produced) decoded with invalid bytes replaced; an incomplete trailing
-        # character waits in the decoder for the next token's bytes.
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        fed = 0  # bytes of the detokenized output given to the decoder
-        text = ""
-        sent = 0  # characters of text yielded
-        hold = max((len(s) for s in stops), default=1) - 1  # what may be the start of a stop string
-        stopped = False
+        text = TextStream(self.detokenize, stops)
         for tok in self.generate(prompt_tokens, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                  top_p=top_p, min_p=min_p, seed=seed):
-            produced.append(tok)
-            data = self.detokenize(produced)
-            text += decoder.decode(data[fed:])
-            fed = len(data)
-            # a stop string is found as soon as it is complete, so it never starts in what was sent
-            hits = [i for i in (text.find(s, sent) for s in stops) if i >= 0]
-            if hits:
-                text, stopped = text[: min(hits)], True
-            ready = len(text) if stopped else len(text) - hold
-            if ready > sent:
-                yield chunk(text[sent:ready], None)
-                sent = ready
-            if stopped:
+            ready = text.push(tok)
+            if ready:
+                yield chunk(ready, None)
+            if text.stopped:
                 break
-        if stopped:
+        produced = text.tokens
+        if text.stopped:
             finish = "stop"
         elif (max_tokens is not None and len(produced) >= max_tokens) or self.n_tokens >= self.n_ctx():
             finish = "length"
         else:
             finish = "stop"  # end-of-generation token
-        if not stopped:
-            text += decoder.decode(b"", final=True)  # an incomplete last character becomes U+FFFD
-        tail = text[sent:]
+        tail = text.finish()
         usage = {"prompt_tokens": len(prompt_tokens), "completion_tokens": len(produced),
                  "total_tokens": len(prompt_tokens) + len(produced)}
         yield chunk(tail, finish, usage=usage)
