@@ -31,6 +31,9 @@ from pyllama_so.sampling import SamplingParams
 from pyllama_so.server.__main__ import parser as server_parser
 from pyllama_so.server.engine import Delta, Done, Engine, Event, Job, Step
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from server_process import ServerProcess  # noqa: E402  (shared with scripts/server-scenario)
+
 # The main server: 4 slots of 256 tokens; Llama with the same context, batch and ubatch is the reference.
 SLOT_CTX, N_BATCH, N_UBATCH = 256, 256, 32
 MAIN_ARGS = ["-c", str(4 * SLOT_CTX), "-np", "4", "-b", str(N_BATCH), "-ub", str(N_UBATCH), "--queue-size", "8"]
@@ -40,50 +43,12 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 GREEDY = SamplingParams(temperature=0.0)
 
 
-class Server:
-    """A server subprocess; url is set from its "listening on" log line, lines holds its log."""
+class Server(ServerProcess):
+    """A server subprocess (scripts/server_process.py) with 2 threads, and its clients."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, api_key: str = "none") -> None:
         self.api_key = api_key
-        self.lines: list[str] = []
-        self.url = ""
-        self._ready = threading.Event()
-        self.proc = subprocess.Popen([sys.executable, "-m", "pyllama_so.server", "--port", "0", "-t", "2", *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
-        threading.Thread(target=self._read, daemon=True).start()
-        try:
-            if not self._ready.wait(120) or not self.url:
-                raise AssertionError(f"the server did not start:\n{self.log}")
-            deadline = time.monotonic() + 30
-            while httpx.get(f"{self.url}/health").status_code != 200:
-                assert time.monotonic() < deadline, f"/health never answered 200:\n{self.log}"
-                time.sleep(0.05)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                self.url = m.group(1)
-                self._ready.set()
-        self._ready.set()  # it exited
-
-    @property
-    def log(self) -> str:
-        return "".join(self.lines)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__(["-t", "2", *args], env)
 
     def client(self, **kw: Any) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key, max_retries=0, timeout=60, **kw)

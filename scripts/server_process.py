@@ -1,0 +1,76 @@
+"""`python -m pyllama_so.server` as a subprocess on a free port, for the server's tests and the scripts beside
+this file (server-scenario). Imports nothing of pyllama_so: a CUDA context in the measuring process would
+count in a script's peak VRAM (vram_peak.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+
+class ServerProcess:
+    """`python -m pyllama_so.server --port 0 ARGS`: url comes from its "listening on" log line, and the
+    constructor returns once /health answers 200 (or stops the server and raises RuntimeError). lines holds
+    its log (stderr, read as it comes so the pipe never fills). stop() terminates it, killing it after 20 s."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, start_timeout: float = 120) -> None:
+        self.lines: list[str] = []
+        self.url = ""
+        self._ready = threading.Event()
+        self.proc = subprocess.Popen([sys.executable, "-m", "pyllama_so.server", "--port", "0", *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        threading.Thread(target=self._read, daemon=True).start()
+        try:
+            if not self._ready.wait(start_timeout) or not self.url:
+                raise RuntimeError(f"the server did not start:\n{self.log}")
+            deadline = time.monotonic() + 30
+            while not self._healthy():
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"/health never answered 200:\n{self.log}")
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                self.url = m.group(1)
+                self._ready.set()
+        self._ready.set()  # it exited
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError):  # the socket is bound before uvicorn listens
+            return False
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: a clean shutdown, requests in progress get 5 s
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
