@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -295,3 +296,49 @@ def test_gpu_state_read_many_subgraphs_later_is_ordered(copy_engines: bool) -> N
     devices = cuda_device_pair()
     one_lane = testing.lane_race(devices, lanes=False, n_ubatches=32)
     assert same_bits(one_lane, testing.lane_race(devices, lanes=True, n_ubatches=32))
+
+
+_TWO_SEQUENCES = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from pyllama_so import _llama
+
+    # a server's pattern: requests alternate between two sequences, each dropping the sequence's cache,
+    # prefilling in pieces of two lane ubatches and decoding single tokens
+    model = _llama.Model.load(sys.argv[1], n_gpu_layers=-1, split_mode="tensor")
+    ctx = _llama.Context(model, n_ctx=1024, n_batch=128, n_ubatch=64, n_seq_max=2, flash_attn="on",
+                         split_overlap=sys.argv[2] == "1", n_threads=2, n_threads_batch=2)
+    rng = np.random.default_rng(1)
+    out = []
+    for _ in range(int(sys.argv[3])):
+        for seq, n in ((0, 200), (1, 100)):
+            ctx.truncate(0, seq)
+            todo = [int(t) for t in rng.integers(1, 512, n)]
+            while todo:
+                piece, todo = todo[:128], todo[128:]
+                logits = ctx.decode_batch([(seq, piece, not todo)])
+            for _ in range(8):
+                logits = ctx.decode_batch([(seq, [int(np.argmax(logits[-1]))], True)])
+            out.append(logits[-1].copy())
+    np.save(sys.argv[4], np.stack(out))
+    print(ctx.split_overlap_stats()["ubatches"])
+""")
+
+
+def test_two_sequences_alternating_requests(tiny_model: Path, tmp_path: Path) -> None:
+    """Many requests alternating between two sequences with both lanes' issue threads busy: the lanes
+    build and issue graphs on shared buffers at the same time (a race there corrupted memory within a
+    few requests), and the logits stay bitwise those of plain tensor split."""
+    env = dict(os.environ, GGML_CPU_VIRTUAL_DEVICES="2")
+    env.pop("GGML_META_LANES_THREADS", None)
+    logits = {}
+    for so in ("0", "1"):
+        path = tmp_path / f"so{so}.npy"
+        res = subprocess.run([sys.executable, "-c", _TWO_SEQUENCES, str(tiny_model), so, "150", str(path)],
+                             env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        logits[so] = np.load(path)
+        if so == "1":
+            lanes = [int(x) for x in res.stdout.strip().splitlines()[-1].strip("[]").split(",")]
+            assert min(lanes) >= 150, lanes  # both lanes took prompt ubatches
+    assert same_bits(logits["0"], logits["1"])
