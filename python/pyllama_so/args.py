@@ -76,6 +76,16 @@ flash_attn = rule(_llama.flash_attn_name)
 cache_type = rule(_llama.cache_type_name)
 
 
+rpc_servers = rule(_llama.rpc_endpoints)
+
+
+def add_rpc_argument(ap: argparse.ArgumentParser) -> None:
+    """--rpc as llama.cpp spells it: RPC servers host:port,host:port, default LLAMA_ARG_RPC."""
+    ap.add_argument("-rpc", "--rpc", type=rpc_servers, default=env_default("RPC", "") or None, metavar="SERVERS",
+                    help="use the devices of these RPC servers (host:port,...; started with python -m "
+                         "pyllama_so.rpc_server; env LLAMA_ARG_RPC)")
+
+
 def boolean(text: str) -> bool:
     key = text.lower()
     if key not in BOOL:

@@ -80,6 +80,7 @@ def parser() -> argparse.ArgumentParser:
                     default=env("SPLIT_OVERLAP", d.split_overlap),
                     help="alternate prompt ubatches between two lanes (0/1; only with -sm tensor, other "
                          "combinations are skipped; env LLAMA_ARG_SPLIT_OVERLAP)")
+    A.add_rpc_argument(ap)
     ap.add_argument("-r", "--repetitions", type=A.positive_int, default=d.repetitions)
     ap.add_argument("-o", "--output", choices=list(PRINTERS), default="md")
     ap.add_argument("--no-warmup", action="store_true", help="no warm-up run (the same as --warmup-runs 0)")
@@ -116,7 +117,7 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
         n_batch=ns.batch_size, n_ubatch=ns.ubatch_size, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode,
         main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], attn_split=_attn_split_arg(ns.attn_split), flash_attn=ns.flash_attn,
         type_k=ns.cache_type_k, type_v=ns.cache_type_v, n_threads=ns.threads, split_overlap=ns.split_overlap,
-        repetitions=ns.repetitions, warmup_runs=warmup_runs(ns))
+        repetitions=ns.repetitions, warmup_runs=warmup_runs(ns), rpc_servers=tuple(ns.rpc or ()))
 
 
 def _attn_split_arg(value: object) -> list[tuple[float, ...]]:
@@ -187,7 +188,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         for result in run_benchmarks(params, progress=not ns.no_progress):
             printer.result(result)
-    except (_llama.LlamaError, ValueError) as e:
+    except (_llama.LlamaError, _llama.RPCConnectionError, ValueError) as e:
         error(f"error: {e}")
         return 1
     finally:
