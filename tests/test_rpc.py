@@ -181,11 +181,13 @@ def test_server_addresses() -> None:
 
 
 def test_bench_runs_on_the_servers(tiny_model: Path, servers: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["-m", str(tiny_model), "--rpc", ",".join(servers), "-p", "16", "-n", "2", "-r", "1", "--no-progress"]
+    # -ts counts the servers' devices (more entries than local devices)
+    argv = ["-m", str(tiny_model), "--rpc", ",".join(servers), "-ts", "1/3", "-p", "16", "-n", "2", "-r", "1",
+            "--no-progress"]
     assert bench_main(argv + ["-o", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["backends"].split(",")[-1] for r in rows] == ["RPC", "RPC"]
-    assert all(r["rpc_servers"] == servers and r["avg_ts"] > 0 for r in rows)
+    assert all(r["rpc_servers"] == servers and r["tensor_split"] == "1.00/3.00" and r["avg_ts"] > 0 for r in rows)
     assert bench_main(argv + ["-o", "md"]) == 0
     md = capsys.readouterr().out.splitlines()
     header = [c.strip() for c in md[0].strip("|").split("|")]

@@ -93,17 +93,31 @@ def boolean(text: str) -> bool:
     return BOOL[key]
 
 
-def _proportions(text: str, sep: str, check: Callable[[list[float]], list[float]], what: str,
+def _proportions(text: str, sep: str, check: Callable[[list[float], int], list[float]], what: str,
                  example: str) -> tuple[float, ...]:
-    """Proportions per device separated by sep, checked by the bindings' rule (as Llama checks them)."""
+    """Proportions per device separated by sep, checked by the bindings' rule (as Llama checks them). The
+    number of entries is checked only against llama.cpp's maximum: how many devices there are is known
+    to the tool, after --rpc (check_device_count)."""
     try:
         values = [float(v) for v in text.split(sep)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad {what} {text!r}; expected e.g. {example}") from None
     try:
-        return tuple(check(values))
+        return tuple(check(values, _llama.max_devices()))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def check_device_count(ap: argparse.ArgumentParser, flag: str, splits: list[tuple[float, ...]],
+                       check: Callable[[list[float]], list[float]]) -> None:
+    """At most one entry per local device in each split of a flag (-ts, -as), as argparse reports an error
+    (exit status 2). Tools skip it with --rpc: the servers' devices count too, once connected."""
+    for split in splits:
+        if split:  # () follows the default
+            try:
+                check(list(split))
+            except ValueError as e:
+                ap.error(f"argument {flag}: {e}")
 
 
 def tensor_split(text: str) -> tuple[float, ...]:

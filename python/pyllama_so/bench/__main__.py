@@ -131,7 +131,9 @@ def _attn_split_arg(value: object) -> list[tuple[float, ...]]:
 
 
 def check_combinations(params: BenchParams) -> None:
-    """Every combination by Llama's rules (ValueError), so that none fails after others have run."""
+    """Every combination by Llama's rules (ValueError), so that none fails after others have run. With RPC
+    servers the device count is checked when the model loads."""
+    n_devices = _llama.max_devices() if params.rpc_servers else None
     for b, ub in sorted({(cp.n_batch, cp.n_ubatch) for cp in params.context_params()}):
         try:
             _llama.check_batch_sizes(b, ub)
@@ -139,10 +141,10 @@ def check_combinations(params: BenchParams) -> None:
             raise ValueError(f"-b {b} -ub {ub}: {e}") from None
     for ts in params.tensor_split:
         if ts:  # () is the default split
-            _llama.check_tensor_split(ts)
+            _llama.check_tensor_split(ts, n_devices)
     for as_ in params.attn_split:
         if as_:
-            _llama.check_attn_split(as_)
+            _llama.check_attn_split(as_, n_devices)
 
 
 def error(message: str) -> None:
@@ -162,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    ns = parser().parse_args(argv)
+    ap = parser()
+    ns = ap.parse_args(argv)
+    if not ns.rpc:
+        A.check_device_count(ap, "-ts/--tensor-split", ns.tensor_split or [], _llama.check_tensor_split)
+        A.check_device_count(ap, "-as/--attn-split", _attn_split_arg(ns.attn_split), _llama.check_attn_split)
     _llama.set_log_level("info" if ns.verbose else "error")
     try:
         warmup_runs(ns)  # checked before a synthetic model may be written
