@@ -253,7 +253,7 @@ def test_a_server_that_goes_away_is_a_connection_error(tiny_model: Path, tmp_pat
                 proc.kill()
     finally:
         server.stop()
-    assert proc.returncode == 0, f"rc={proc.returncode} (-{signal.SIGABRT} is the upstream abort)\n{err}"
+    assert proc.returncode == 0, f"rc={proc.returncode} (-{int(signal.SIGABRT)} is the upstream abort)\n{err}"
     assert f"error: RPC server {server.endpoint}: decode: the connection was lost" in out
     assert out.strip().endswith(f"errors={2 if mode == 'between' else 1} closed")
     assert f"lost the connection to RPC server {server.endpoint}" in err  # llama.cpp's log says it too
