@@ -307,3 +307,58 @@ def test_decode_sequences_batches_two_prompts(tiny_model) -> None:
                 ctx2.free()
     finally:
         model.free()
+
+
+def test_decode_batch_logits_only_where_asked(tiny_model) -> None:
+    """decode_batch: sequences continue after what they hold, only items that ask get a logits row, and each
+    row is bitwise what the sequence alone gives; a sequence past its share of the context is refused first."""
+    from pyllama_so import _llama
+
+    model = _llama.Model.load(tiny_model, n_gpu_layers=0)
+    rng = np.random.default_rng(3)
+    a, b, c = (rng.integers(1, 500, n).tolist() for n in (40, 25, 9))
+    try:
+        ctx = _llama.Context(model, n_ctx=1024, n_batch=128, n_ubatch=32, n_seq_max=4)
+        assert (ctx.n_seq_max, ctx.n_ctx_seq) == (4, 256)
+        first = ctx.decode_batch([(0, a, True), (2, b, False)])
+        assert first.shape == (1, 512) and (ctx.n_past(0), ctx.n_past(2)) == (40, 25)
+        step = ctx.decode_batch([(2, c, True), (0, [7], True)])  # rows in the order of the items
+        assert (ctx.n_past(0), ctx.n_past(2)) == (41, 34)
+        with pytest.raises(_llama.ContextFullError, match="sequence 1"):
+            ctx.decode_batch([(3, [5], True), (1, [1] * 257, True)])
+        assert ctx.n_past(3) == 0  # refused before anything was decoded
+        alone = _llama.Context(model, n_ctx=1024, n_batch=128, n_ubatch=32, n_seq_max=4)
+        assert np.array_equal(alone.decode(a)[-1], first[0]) and np.array_equal(alone.decode([7])[-1], step[1])
+        alone.clear()
+        alone.decode(b)
+        assert np.array_equal(alone.decode(c)[-1], step[0])
+        alone.free()
+        ctx.free()
+    finally:
+        model.free()
+
+
+def test_chat_templates_are_llama_cpp_s() -> None:
+    from pyllama_so import _llama
+
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]
+    assert _llama.chat_apply_template("chatml", msgs) == \
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert _llama.chat_apply_template("chatml", msgs, add_assistant=False).endswith("Hi<|im_end|>\n")
+    many = [{"role": "user", "content": ""}] * 30  # the formatting outgrows the first buffer: formatted again
+    assert _llama.chat_apply_template("llama3", many).count("<|start_header_id|>user<|end_header_id|>") == 30
+    assert {"chatml", "llama3", "mistral-v7"} <= set(_llama.chat_builtin_templates())
+    # a model's Jinja text is recognized by its markers
+    assert "<|im_start|>user" in _llama.chat_apply_template("{% for m in messages %}<|im_start|>{% endfor %}", msgs)
+    with pytest.raises(ValueError, match="cannot format"):
+        _llama.chat_apply_template("no such template", msgs)
+
+
+def test_synthetic_model_has_no_chat_template(tiny_model: Path) -> None:
+    from pyllama_so import _llama
+
+    model = _llama.Model.load(tiny_model, n_gpu_layers=0)
+    try:
+        assert model.chat_template() is None and model.chat_template("tool_use") is None
+    finally:
+        model.free()

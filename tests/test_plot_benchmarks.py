@@ -10,7 +10,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "plot-benchmarks"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-EXPECTED = ("allreduce-time-vs-size.png", "tensor-split-pp2048-by-ubatch.png", "split-overlap-pp2048-two-gpus.png")
+EXPECTED = ("allreduce-time-vs-size.png", "tensor-split-pp2048-by-ubatch.png", "split-overlap-pp2048-two-gpus.png",
+            "pp2048-by-ubatch-two-gpus.png")
 
 
 def test_plots_from_the_committed_raw_data(tmp_path: Path) -> None:

@@ -201,6 +201,34 @@ def test_bench_names_an_unreachable_server(tiny_model: Path, capsys: pytest.Capt
     assert f"RPC server {endpoint}: connection refused" in capsys.readouterr().err
 
 
+def test_the_openai_server_runs_on_the_servers(tiny_model: Path, servers: list[str]) -> None:
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    with Llama(tiny_model, n_ctx=256) as llm:
+        expected = llm.create_completion("Hello", max_tokens=8, temperature=0.0)["choices"][0]["text"]
+    proc = subprocess.Popen([sys.executable, "-m", "pyllama_so.server", "-m", str(tiny_model), "--port", "0", "-c", "256",
+                             "-np", "1", "--rpc", ",".join(servers)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        url = ""
+        for line in proc.stderr:  # the server logs its address once it listens
+            if "listening on http://" in line:
+                url = line.split("listening on ")[1].strip()
+                break
+        assert url, "the server exited before listening"
+        reply = httpx.post(f"{url}/v1/completions", json={"prompt": "Hello", "max_tokens": 8, "temperature": 0},
+                           timeout=60)
+        assert reply.status_code == 200 and reply.json()["choices"][0]["text"] == expected
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    endpoint = f"127.0.0.1:{free_port()}"
+    res = subprocess.run([sys.executable, "-m", "pyllama_so.server", "-m", str(tiny_model), "--rpc", endpoint],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and f"RPC server {endpoint}: connection refused" in res.stderr
+
+
 # A server that goes away: the process must survive (RPCConnectionError, never SIGABRT), in a subprocess so
 # that a regression cannot take pytest down. The script reads the server's endpoint, then waits for "go".
 LOST_SERVER = textwrap.dedent("""

@@ -31,3 +31,24 @@ def test_unknown_configuration_is_an_error(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, str(SCRIPT), "--configs", "layer -ub 3", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "unknown configuration" in res.stderr
+
+
+def test_ubatch_sweep_runs_each_configuration_once_with_every_ubatch(tmp_path: Path) -> None:
+    configs = ["layer -ub 512", "layer -ub 1024", "tensor CE -so 1 -ub 512"]
+    env = dict(os.environ, GGML_CPU_VIRTUAL_DEVICES="2")
+    res = subprocess.run([sys.executable, str(SCRIPT), "--models", "tiny:f16", "--configs", ",".join(configs),
+                          "--ubatches", "64,128", "--rounds", "1", "--reps", "1", "--work", str(tmp_path / "models"),
+                          "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    pp = [json.loads(line) for line in (tmp_path / "somatrix.jsonl").read_text().splitlines()]
+    pp = [r for r in pp if r["n_prompt"]]
+    # the two layer configurations differ only in -ub: one process for both
+    assert [r["tool"] for r in pp] == ["layer -ub 64", "layer -ub 128", "tensor CE -so 1 -ub 64", "tensor CE -so 1 -ub 128"]
+    assert [r["n_ubatch"] for r in pp] == [64, 128, 64, 128]
+    assert "best -so 1 (tensor CE -so 1 -ub " in res.stdout
+
+
+def test_bad_ubatch_list_is_an_error(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, str(SCRIPT), "--ubatches", "512,x", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--ubatches must be" in res.stderr

@@ -46,3 +46,39 @@ def test_no_kernels_is_an_error(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, str(SCRIPT), str(db), "-o", str(tmp_path / "t.png")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and "no kernels" in res.stderr
+
+
+def _cupti_csv(path: Path) -> None:
+    ms = 1_000_000
+    rows = ["kind,device,stream,start_ns,end_ns,bytes,name",
+            f"kernel,0,7,0,{10 * ms},0,mul_mat",           # lane 0
+            f"kernel,0,9,{5 * ms},{15 * ms},0,flash_attn",  # lane 1, overlapping lane 0 for 5 ms
+            f"memcpy,0,11,{15 * ms},{20 * ms},4096,D2H",
+            f"kernel,1,7,0,{20 * ms},0,mul_mat",
+            f"api,4242,-1,0,{1 * ms},0,cudaLaunchKernel",
+            f"api,4242,-1,{10 * ms},{12 * ms},0,cudaStreamSynchronize"]
+    path.write_text("\n".join(rows) + "\n")
+
+
+def test_cupti_csv_summary_and_png(tmp_path: Path) -> None:
+    csv_path = tmp_path / "trace.csv"
+    _cupti_csv(csv_path)
+    res = subprocess.run([sys.executable, str(SCRIPT), str(csv_path), "--no-plot", "--window-ms", "20", "--end-ms", "20"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "GPU0: busy 75.0 %, two streams at once 25.0 %, copies in flight 25.0 % of 20.0 ms" in res.stdout
+    assert "GPU1: busy 100.0 %, two streams at once 0.0 %, copies in flight 0.0 %" in res.stdout
+    assert "host thread 4242: in CUDA calls 15.0 %, in synchronizing calls 10.0 %" in res.stdout
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "t.png"
+    res = subprocess.run([sys.executable, str(SCRIPT), str(csv_path), "-o", str(png), "--window-ms", "20", "--end-ms", "20"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert "4 streams, 1 host threads" in res.stdout
+
+
+def test_missing_input_is_an_error(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "none.csv"), "--no-plot"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "no such file" in res.stderr

@@ -161,9 +161,10 @@ _MUTANT = textwrap.dedent("""
 """)
 
 
-def _run_mutant(what: str, mode: str | None) -> str:
+def _run_mutant(what: str, mode: str | None, threads: bool = True) -> str:
     env = dict(os.environ)
     env.pop("GGML_META_LANES_TEST", None)
+    env["GGML_META_LANES_THREADS"] = "1" if threads else "0"
     if mode:
         env["GGML_META_LANES_TEST"] = mode
     code = _MUTANT.format(tests=os.path.dirname(os.path.abspath(__file__)))
@@ -183,10 +184,13 @@ def test_broken_ordering_is_caught(fixture: str, mode: str) -> None:
     assert _run_mutant(fixture, mode) == "DIFFERENT"
 
 
+@pytest.mark.parametrize("threads", [True, False], ids=["issue-threads", "calling-thread"])
 @pytest.mark.parametrize("fixture", ["race", "lfm2"])
-def test_race_fixtures_pass_with_the_waits(fixture: str) -> None:
-    """The same fixtures and delays, with the waits in place: the delays alone do not change the output."""
-    assert _run_mutant(fixture, None) == "SAME"
+def test_race_fixtures_pass_with_the_waits(fixture: str, threads: bool) -> None:
+    """The same fixtures and delays, with the waits in place: the delays alone do not change the output,
+    whether each lane issues on its own thread (the default) or both on the caller's
+    (GGML_META_LANES_THREADS=0)."""
+    assert _run_mutant(fixture, None, threads) == "SAME"
 
 
 # --- when the lanes stay off ------------------------------------------------------------------------------

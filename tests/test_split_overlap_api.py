@@ -146,3 +146,43 @@ def test_bench_split_overlap_from_the_environment(tiny_model: Path, run_bench: B
         assert rc == 0, err
         so = json.loads(out)["split_overlap"]
         assert so["requested"] is on and so["enabled"] is on, so
+
+
+def test_default_lane_ubatch_is_half_the_batch(tiny_model: Path, split: list[float]) -> None:
+    """Without n_ubatch, split overlap cuts each batch in two (one ubatch per lane); without lanes it is 512."""
+    base = dict(split_mode="tensor", tensor_split=split, flash_attn=True, n_ctx=512, n_threads=2)
+    with Llama(tiny_model, n_batch=256, split_overlap=True, **base) as llm:  # type: ignore[arg-type]
+        assert llm.context.n_ubatch == 128
+        llm.eval(list(range(1, 257)))
+        assert llm.split_overlap_stats()["ubatches"] == [1, 1]
+    with Llama(tiny_model, n_batch=1024, **base) as llm:  # type: ignore[arg-type]
+        assert llm.context.n_ubatch == 512
+    with Llama(tiny_model, n_batch=256, n_ubatch=64, split_overlap=True, **base) as llm:  # type: ignore[arg-type]
+        assert llm.context.n_ubatch == 64  # a given n_ubatch wins
+
+
+def test_bench_default_ubatch_per_row(tiny_model: Path, split: list[float], capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench without -ub: 512 (capped at -b) for -so 0 rows, half of -b for -so 1 rows; -ub and
+    LLAMA_ARG_UBATCH win."""
+    ts = "/".join(f"{v:g}" for v in split)
+    common = ["--no-progress", "-fa", "1", "-t", "2", "-r", "1", "-ts", ts, "-m", str(tiny_model), "-sm", "tensor",
+              "-p", "256", "-n", "0", "-o", "jsonl"]
+
+    def ubatches(*flags: str) -> list[tuple[bool, int]]:
+        assert bench([*common, *flags]) == 0
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        return [(r["split_overlap"]["requested"], r["n_ubatch"]) for r in rows]
+
+    assert ubatches("-b", "256", "-so", "0,1") == [(False, 256), (True, 128)]
+    assert ubatches("-b", "2048", "-so", "0,1") == [(False, 512), (True, 1024)]
+    assert ubatches("-b", "256", "-ub", "64", "-so", "0,1") == [(False, 64), (True, 64)]
+    monkeypatch.setenv("LLAMA_ARG_UBATCH", "64")
+    assert ubatches("-b", "256", "-so", "1") == [(True, 64)]
+
+
+def test_default_n_ubatch_rule() -> None:
+    from pyllama_so import _llama
+    assert _llama.default_n_ubatch(2048, False) == 512 and _llama.default_n_ubatch(256, False) == 256
+    assert _llama.default_n_ubatch(2048, True) == 1024 and _llama.default_n_ubatch(100, True) == 64
+    assert _llama.default_n_ubatch(32, True) == 32  # never above n_batch

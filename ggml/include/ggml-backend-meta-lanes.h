@@ -30,6 +30,16 @@ extern "C" {
 // split overlap warns once, "split overlap stays off: <reason>").
 GGML_API bool ggml_backend_meta_share_lanes(ggml_backend_t a, ggml_backend_t b);
 
+// Each linked lane issues its graphs on its own thread: ggml_backend_graph_compute_async returns once the
+// graph is queued, and the lane's other operations (tensor copies, synchronize) first wait for the queued
+// graph to be issued. Returns once everything submitted to this lane has been issued to the devices (not
+// executed); a no-op for other backends. GGML_META_LANES_THREADS=0 issues on the calling thread instead.
+GGML_API void ggml_backend_meta_lanes_flush(ggml_backend_t meta_backend);
+
+// Issue the lane's next graphs on the calling thread (on) or on the lane's thread (off, the default):
+// for small graphs, such as decoding one token, the hand-over costs more than the overlap gains.
+GGML_API void ggml_backend_meta_lanes_issue_inline(ggml_backend_t meta_backend, bool on);
+
 // The lane of a linked Meta backend (0 or 1), -1 if it is not linked.
 GGML_API int ggml_backend_meta_lane(ggml_backend_t meta_backend);
 

@@ -38,4 +38,13 @@ void ggml_backend_meta_lanes_before_subgraph(ggml_backend_meta_lanes * lanes, in
                                              ggml_backend_t simple_backend);
 void ggml_backend_meta_lanes_after_subgraph (ggml_backend_meta_lanes * lanes, int lane, size_t i_subgraph, size_t j_device,
                                              ggml_backend_t simple_backend);
-void ggml_backend_meta_lanes_detach         (ggml_backend_meta_lanes * lanes, int lane);
+void ggml_backend_meta_lanes_detach         (ggml_backend_meta_lanes * lanes, int lane); // also stops the lane's thread
+
+// Called by ggml_backend_meta_graph_compute for a linked backend: runs issue(backend, cgraph) on the
+// lane's thread (or here with GGML_META_LANES_THREADS=0). Returns the status of the lane's previous
+// graph if that failed, else GGML_STATUS_SUCCESS.
+enum ggml_status ggml_backend_meta_lanes_compute(ggml_backend_meta_lanes * lanes, int lane, ggml_backend_t backend,
+                                                 struct ggml_cgraph * cgraph,
+                                                 enum ggml_status (*issue)(ggml_backend_t, struct ggml_cgraph *));
+// Wait until the lane's queued graph is issued: the Meta backend's other operations call it first.
+void ggml_backend_meta_lanes_wait_issued(ggml_backend_meta_lanes * lanes, int lane);

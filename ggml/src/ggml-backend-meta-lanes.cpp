@@ -2,9 +2,13 @@
 // See ggml/include/ggml-backend-meta-lanes.h for the contract and ggml-backend-meta-lanes-impl.h for the
 // hooks that patches/0003-* adds to upstream's ggml-backend-meta.cpp.
 //
-// All bookkeeping runs on the thread that drives the two lanes (llama.cpp's one-thread-per-context
-// rule), so it needs no lock. Every wait targets a record the host issued earlier, so waits follow host
-// issue order and cannot form a cycle.
+// Each lane issues its graphs on its own thread (see ggml_backend_meta_lanes_compute), so that the thread
+// that drives the context builds the next ubatch's graph while the previous one is still being issued.
+// The bookkeeping is shared by the two issue threads and guarded by one mutex. A graph is ordered after
+// every graph submitted before it on the other lane: before one of its subgraphs waits for the other
+// lane's last use of a state tensor, the other lane's earlier graph must have issued (recorded) all of
+// its subgraphs that touch that tensor. So every wait targets a record that precedes it in submission
+// order, and waits cannot form a cycle.
 
 #include "ggml-backend-meta-lanes.h"
 #include "ggml-backend-meta-lanes-impl.h"
@@ -13,8 +17,13 @@
 #include "ggml-impl.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -39,6 +48,56 @@ enum lanes_test_mode {
 
 namespace {
 
+// The thread that issues a lane's graphs, one at a time, in submission order.
+struct lane_worker {
+    std::thread                  thread;
+    std::mutex                   mutex;
+    std::condition_variable      cv;
+    std::function<ggml_status()> job;
+    bool                         queued  = false; // job is set and not taken yet
+    bool                         busy    = false; // a job is queued or being issued
+    bool                         quit    = false;
+    ggml_status                  failure = GGML_STATUS_SUCCESS; // the first failed job's status, until reported
+
+    void run() {
+        for (;;) {
+            std::function<ggml_status()> next;
+            {
+                std::unique_lock<std::mutex> lock(mutex);
+                cv.wait(lock, [this] { return queued || quit; });
+                if (!queued) {
+                    return;
+                }
+                next   = std::move(job);
+                queued = false;
+            }
+            const ggml_status status = next();
+            std::lock_guard<std::mutex> lock(mutex);
+            if (status != GGML_STATUS_SUCCESS && failure == GGML_STATUS_SUCCESS) {
+                failure = status;
+            }
+            busy = false;
+            cv.notify_all();
+        }
+    }
+
+    void wait_idle() {
+        std::unique_lock<std::mutex> lock(mutex);
+        cv.wait(lock, [this] { return !busy; });
+    }
+
+    ~lane_worker() {
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            quit = true;
+        }
+        cv.notify_all();
+        if (thread.joinable()) {
+            thread.join();
+        }
+    }
+};
+
 struct lane_record {
     ggml_backend_event_t event;
     uint64_t             seq; // position of the record on its lane's stream of that device (1, 2, ...)
@@ -58,6 +117,15 @@ struct lane_state {
 
     ggml_backend_meta_lanes_stats stats = {};
 
+    // the graph being issued (or the last one): its submission ticket and how far its issue got
+    uint64_t ticket      = 0;
+    bool     issuing     = false; // submitted and not fully issued
+    bool     roots_ready = false; // roots belong to this graph (its rebuild, if any, is done)
+    size_t   n_issued    = 0;     // subgraphs issued on every device
+
+    std::unique_ptr<lane_worker> worker; // made on the first graph; none with GGML_META_LANES_THREADS=0
+    bool issue_inline = false;           // ggml_backend_meta_lanes_issue_inline: on the calling thread
+
     void free_events() {
         for (auto & evs : events) {
             for (ggml_backend_event_t ev : evs) {
@@ -76,9 +144,14 @@ struct lane_state {
 } // namespace
 
 struct ggml_backend_meta_lanes {
-    size_t          n_devs = 0;
-    lanes_test_mode mode   = LANES_TEST_NONE;
+    size_t          n_devs  = 0;
+    lanes_test_mode mode    = LANES_TEST_NONE;
+    bool            threads = true; // GGML_META_LANES_THREADS=0: issue on the calling thread
     lane_state      lane[GGML_BACKEND_META_MAX_LANES];
+
+    std::mutex              mutex;   // guards the lane states between the two issue threads
+    std::condition_variable cv;      // a lane's issue progressed
+    uint64_t                tickets = 0;
 };
 
 static bool is_state_root(const ggml_tensor * t) {
@@ -93,6 +166,7 @@ static const ggml_tensor * root_of(const ggml_tensor * t) {
 
 void ggml_backend_meta_lanes_on_rebuild(ggml_backend_meta_lanes * lanes, int lane, const ggml_cgraph * cgraph,
                                         const int * offsets, size_t n_subgraphs) {
+    std::lock_guard<std::mutex> lock(lanes->mutex);
     lane_state & ls = lanes->lane[lane];
     ls.roots.assign(n_subgraphs, {});
     for (size_t k = 0; k < n_subgraphs; k++) {
@@ -123,14 +197,42 @@ void ggml_backend_meta_lanes_on_rebuild(ggml_backend_meta_lanes * lanes, int lan
     ls.stats.rebuilds++;
 }
 
+// The last subgraph of `ls`'s graph that touches any of `roots` (sorted), -1 if none.
+static long last_touching(const lane_state & ls, const std::vector<const ggml_tensor *> & roots) {
+    for (long k = (long) ls.roots.size() - 1; k >= 0; k--) {
+        const auto & theirs = ls.roots[k];
+        auto a = theirs.begin();
+        auto b = roots.begin();
+        while (a != theirs.end() && b != roots.end()) {
+            if (*a == *b) {
+                return k;
+            }
+            if (*a < *b) { ++a; } else { ++b; }
+        }
+    }
+    return -1;
+}
+
 void ggml_backend_meta_lanes_before_subgraph(ggml_backend_meta_lanes * lanes, int lane, size_t i_subgraph, size_t j_device,
                                              ggml_backend_t simple_backend) {
+    std::unique_lock<std::mutex> lock(lanes->mutex);
     lane_state & self  = lanes->lane[lane];
     lane_state & other = lanes->lane[lane ^ 1];
+    if (i_subgraph == 0 && j_device == 0) {
+        self.roots_ready = true; // any rebuild of this graph is done
+        lanes->cv.notify_all();
+    }
     if (i_subgraph >= self.roots.size() || self.roots[i_subgraph].empty() || other.meta == nullptr ||
             lanes->mode == LANES_TEST_NOWAIT) {
         return;
     }
+    // the other lane's graph submitted before ours must first issue its subgraphs touching our state
+    lanes->cv.wait(lock, [&] {
+        if (!other.issuing || other.ticket > self.ticket) {
+            return true;
+        }
+        return other.roots_ready && (long) other.n_issued > last_touching(other, self.roots[i_subgraph]);
+    });
     lane_record best = { nullptr, 0 };
     if (lanes->mode == LANES_TEST_SAME_INDEX) {
         if (i_subgraph < other.events[j_device].size() && other.events[j_device][i_subgraph] != nullptr) {
@@ -153,6 +255,7 @@ void ggml_backend_meta_lanes_before_subgraph(ggml_backend_meta_lanes * lanes, in
         self.stats.waits_skipped++;
         return;
     }
+    // under the lock: the other lane cannot record this event again before the wait has taken it
     ggml_backend_event_wait(simple_backend, best.event);
     self.waited[j_device] = best.seq;
     self.stats.waits++;
@@ -160,7 +263,12 @@ void ggml_backend_meta_lanes_before_subgraph(ggml_backend_meta_lanes * lanes, in
 
 void ggml_backend_meta_lanes_after_subgraph(ggml_backend_meta_lanes * lanes, int lane, size_t i_subgraph, size_t j_device,
                                             ggml_backend_t simple_backend) {
+    std::lock_guard<std::mutex> lock(lanes->mutex);
     lane_state & self = lanes->lane[lane];
+    if (j_device + 1 == lanes->n_devs) {
+        self.n_issued = i_subgraph + 1; // after this call: the record below is issued
+        lanes->cv.notify_all();
+    }
     if (i_subgraph >= self.roots.size() || self.roots[i_subgraph].empty()) {
         return;
     }
@@ -178,7 +286,57 @@ void ggml_backend_meta_lanes_after_subgraph(ggml_backend_meta_lanes * lanes, int
     self.stats.records++;
 }
 
+ggml_status ggml_backend_meta_lanes_compute(ggml_backend_meta_lanes * lanes, int lane, ggml_backend_t backend,
+                                           ggml_cgraph * cgraph, ggml_status (*issue)(ggml_backend_t, ggml_cgraph *)) {
+    lane_state & self = lanes->lane[lane];
+    const bool threaded = lanes->threads && !self.issue_inline;
+    if (threaded && !self.worker) {
+        self.worker = std::make_unique<lane_worker>();
+        self.worker->thread = std::thread([w = self.worker.get()] { w->run(); });
+    }
+    ggml_status failure = GGML_STATUS_SUCCESS;
+    if (self.worker) {
+        self.worker->wait_idle(); // one graph at a time per lane
+        std::lock_guard<std::mutex> lock(self.worker->mutex);
+        std::swap(failure, self.worker->failure);
+    }
+    {
+        std::lock_guard<std::mutex> lock(lanes->mutex);
+        self.ticket      = ++lanes->tickets;
+        self.issuing     = true;
+        self.roots_ready = false;
+        self.n_issued    = 0;
+    }
+    auto job = [lanes, lane, backend, cgraph, issue] {
+        const ggml_status status = issue(backend, cgraph);
+        std::lock_guard<std::mutex> lock(lanes->mutex);
+        lanes->lane[lane].issuing = false;
+        lanes->cv.notify_all();
+        return status;
+    };
+    if (!threaded) {
+        const ggml_status status = job();
+        return failure != GGML_STATUS_SUCCESS ? failure : status;
+    }
+    {
+        std::lock_guard<std::mutex> lock(self.worker->mutex);
+        self.worker->job    = std::move(job);
+        self.worker->queued = true;
+        self.worker->busy   = true;
+    }
+    self.worker->cv.notify_all();
+    // the graph is issued asynchronously: a failure is returned by the next graph of this lane
+    return failure;
+}
+
+void ggml_backend_meta_lanes_wait_issued(ggml_backend_meta_lanes * lanes, int lane) {
+    if (lanes->lane[lane].worker) {
+        lanes->lane[lane].worker->wait_idle();
+    }
+}
+
 void ggml_backend_meta_lanes_detach(ggml_backend_meta_lanes * lanes, int lane) {
+    lanes->lane[lane].worker.reset(); // issues what is queued, then stops
     lanes->lane[lane].free_events();
     lanes->lane[lane].meta = nullptr;
     bool any = false;
@@ -249,6 +407,8 @@ bool ggml_backend_meta_share_lanes(ggml_backend_t a, ggml_backend_t b) {
     } else if (test != nullptr && strcmp(test, "same_index") == 0) {
         lanes->mode = LANES_TEST_SAME_INDEX;
     }
+    const char * threads = getenv("GGML_META_LANES_THREADS");
+    lanes->threads = threads == nullptr || strcmp(threads, "0") != 0;
     if (lanes->mode != LANES_TEST_NONE) {
         GGML_LOG_WARN("%s: TEST ONLY: GGML_META_LANES_TEST=%s breaks the ordering between lanes\n", __func__, test);
     }
@@ -275,6 +435,22 @@ int ggml_backend_meta_lane(ggml_backend_t meta_backend) {
     return ggml_backend_meta_lanes_get(meta_backend, &lane) != nullptr ? lane : -1;
 }
 
+void ggml_backend_meta_lanes_flush(ggml_backend_t meta_backend) {
+    int lane = 0;
+    ggml_backend_meta_lanes * lanes = ggml_backend_is_meta(meta_backend) ? ggml_backend_meta_lanes_get(meta_backend, &lane) : nullptr;
+    if (lanes != nullptr) {
+        ggml_backend_meta_lanes_wait_issued(lanes, lane);
+    }
+}
+
+void ggml_backend_meta_lanes_issue_inline(ggml_backend_t meta_backend, bool on) {
+    int lane = 0;
+    ggml_backend_meta_lanes * lanes = ggml_backend_is_meta(meta_backend) ? ggml_backend_meta_lanes_get(meta_backend, &lane) : nullptr;
+    if (lanes != nullptr) {
+        lanes->lane[lane].issue_inline = on;
+    }
+}
+
 bool ggml_backend_meta_lanes_get_stats(ggml_backend_t meta_backend, ggml_backend_meta_lanes_stats * stats) {
     if (stats == nullptr || stats->size != sizeof(ggml_backend_meta_lanes_stats) || !ggml_backend_is_meta(meta_backend)) {
         return false;
@@ -284,6 +460,7 @@ bool ggml_backend_meta_lanes_get_stats(ggml_backend_t meta_backend, ggml_backend
     if (lanes == nullptr) {
         return false;
     }
+    std::lock_guard<std::mutex> lock(const_cast<ggml_backend_meta_lanes *>(lanes)->mutex);
     *stats = lanes->lane[lane].stats;
     return true;
 }

@@ -81,7 +81,12 @@ void llama_split_overlap::init(llama_context & ctx, const llama_context_params &
 }
 
 void llama_split_overlap::activate(llama_context & ctx, int lane) {
-    if (!enabled || lane == active) {
+    if (!enabled) {
+        return;
+    }
+    // the lane's thread may still be issuing its previous graph, which lives in the lane's graph result
+    ggml_backend_meta_lanes_flush(metas[lane]);
+    if (lane == active) {
         return;
     }
     std::swap(ctx.sched,              stash.sched);
@@ -98,11 +103,14 @@ void llama_split_overlap::select(llama_context & ctx, const llama_ubatch & ubatc
     }
     int lane = 0;
     // backend samplers keep per-sequence state outside the Meta buffers: stay on one lane with them
-    if (ubatch.n_tokens >= LLAMA_SPLIT_OVERLAP_MIN_TOKENS && ctx.sampling.samplers.empty()) {
+    const bool large = ubatch.n_tokens >= LLAMA_SPLIT_OVERLAP_MIN_TOKENS && ctx.sampling.samplers.empty();
+    if (large) {
         lane = next;
         next ^= 1;
     }
     activate(ctx, lane);
+    // a small ubatch (decoding) gains nothing from the lane's issue thread and would pay the hand-over
+    ggml_backend_meta_lanes_issue_inline(metas[lane], !large);
     ubatches[lane]++;
 }
 
@@ -125,6 +133,14 @@ void llama_split_overlap::after_reserve(llama_context & ctx) {
     ctx.sched_need_reserve = true;
     ctx.sched_reserve();
     activate(ctx, lane);
+}
+
+void llama_split_overlap::wait_issued() const {
+    for (ggml_backend_t meta : metas) {
+        if (meta != nullptr) {
+            ggml_backend_meta_lanes_flush(meta);
+        }
+    }
 }
 
 void llama_split_overlap::synchronize() {

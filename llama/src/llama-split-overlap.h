@@ -3,6 +3,9 @@
 // Split overlap on the llama side: the second lane of a llama_context and the hooks that
 // patches/0005-* adds to upstream's llama-context.cpp. Public API: llama/include/pyllama-so-split-overlap.h.
 //
+// Each lane issues its graphs on its own thread (ggml-backend-meta-lanes.h): activate() waits for that
+// thread before the lane's graph result is touched again, and decode() waits for both before it returns.
+//
 // The active lane lives in llama_context's own members (sched, the Meta entry of backends and
 // backend_ptrs, gf_res_prev, gf_res_prev_active); the inactive one is kept here and swapped in when the
 // active lane changes, so that every upstream code path runs unchanged on the active lane.
@@ -43,6 +46,7 @@ struct llama_split_overlap {
     void activate(llama_context & ctx, int lane);                     // make `lane` the active one
     void select(llama_context & ctx, const llama_ubatch & ubatch);    // pick the lane of a decode ubatch
     void after_reserve(llama_context & ctx);                          // reserve the inactive lane too
+    void wait_issued() const;                                         // both lanes' threads have issued all
     void synchronize();                                               // the inactive lane's scheduler
     void reset_graphs();                                              // no reuse of the inactive lane's graphs
     void add_compute_buffers(const llama_context & ctx, llama_memory_breakdown & out) const; // the inactive lane's

@@ -154,6 +154,10 @@ cdef extern from "llama.h" nogil:
     ctypedef cbool (*llama_progress_callback)(float progress, void * user_data) noexcept nogil
     ctypedef void (*llama_model_set_tensor_data_t)(ggml_tensor * tensor, void * userdata) noexcept nogil
 
+    ctypedef struct llama_chat_message:
+        const char * role
+        const char * content
+
     ctypedef struct llama_batch:
         int32_t n_tokens
         llama_token * token
@@ -224,11 +228,16 @@ cdef extern from "llama.h" nogil:
     uint64_t llama_model_size(const llama_model * model)
     uint64_t llama_model_n_params(const llama_model * model)
     int32_t llama_model_meta_val_str(const llama_model * model, const char * key, char * buf, size_t buf_size)
+    const char * llama_model_chat_template(const llama_model * model, const char * name)
+    int32_t llama_chat_apply_template(const char * tmpl, const llama_chat_message * chat, size_t n_msg, cbool add_ass,
+                                      char * buf, int32_t length)
+    int32_t llama_chat_builtin_templates(const char ** output, size_t len)
 
     uint32_t llama_n_ctx(const llama_context * ctx)
     uint32_t llama_n_batch(const llama_context * ctx)
     uint32_t llama_n_ubatch(const llama_context * ctx)
     uint32_t llama_n_seq_max(const llama_context * ctx)
+    uint32_t llama_n_ctx_seq(const llama_context * ctx)
     llama_memory_t llama_get_memory(const llama_context * ctx)
     void llama_memory_clear(llama_memory_t mem, bint data)
     bint llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1)

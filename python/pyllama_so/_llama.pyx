@@ -23,7 +23,7 @@ __all__ = [
     "LlamaError", "ModelLoadError", "ContextFullError", "DecodeError",
     "Model", "Context", "devices", "backends", "system_info", "set_log_level", "upstream_version",
     "max_devices", "supports_gpu_offload", "SPLIT_MODES", "FLASH_ATTN", "CACHE_TYPES",
-    "QuantizeError", "FTYPES", "quantize_model",
+    "QuantizeError", "FTYPES", "quantize_model", "chat_apply_template", "chat_builtin_templates",
     "RPCConnectionError", "rpc_supported", "rpc_endpoints", "rpc_devices", "probe_rpc_server",
 ]
 
@@ -266,6 +266,59 @@ def quantize_model(src, dst, str ftype, int n_threads=0):
 
 
 # ---------------------------------------------------------------------------------------------
+# chat templates: llama.cpp's built-in formats (no Jinja), chosen by name or detected in a model's template
+
+
+def chat_builtin_templates():
+    """Names of the chat templates llama.cpp formats itself ("chatml", "llama3", ...)."""
+    cdef int32_t n = llama_chat_builtin_templates(NULL, 0)
+    cdef const char ** names = <const char **> calloc(max(n, 1), sizeof(char *))
+    try:
+        n = llama_chat_builtin_templates(names, n)
+        return [(<bytes> names[i]).decode() for i in range(n)]
+    finally:
+        free(names)
+
+
+def chat_apply_template(str template, messages, bint add_assistant=True):
+    """Format messages ({"role": ..., "content": ...} mappings, contents as str) with a chat template:
+    a built-in name (chat_builtin_templates()) or a model's template text, which llama.cpp recognizes by
+    its markers. add_assistant ends the text with the start of an assistant turn. ValueError for a
+    template llama.cpp does not know."""
+    cdef list keep = []  # the encoded strings, alive while C points into them
+    cdef Py_ssize_t n = len(messages), i
+    cdef llama_chat_message * chat = <llama_chat_message *> calloc(max(n, 1), sizeof(llama_chat_message))
+    cdef bytes btmpl = template.encode()
+    cdef bytes role, content
+    cdef int32_t size = 256, got
+    cdef char * buf = NULL
+    try:
+        for i in range(n):
+            role = str(messages[i]["role"]).encode()
+            content = str(messages[i]["content"]).encode()
+            if b"\0" in role or b"\0" in content:
+                raise ValueError("a chat message contains a NUL character")
+            keep += [role, content]
+            chat[i].role = role
+            chat[i].content = content
+            size += 2 * (len(role) + len(content))
+        while True:
+            buf = <char *> malloc(size)
+            got = llama_chat_apply_template(btmpl, chat, n, add_assistant, buf, size)
+            if got < 0:
+                raise ValueError(f"llama_chat_apply_template cannot format these messages with the template {template[:80]!r}"
+                                 " (not one it knows, see chat_builtin_templates())")
+            if got <= size:
+                return PyBytes_FromStringAndSize(buf, got).decode("utf-8", "replace")
+            free(buf)
+            buf = NULL
+            size = got
+    finally:
+        free(buf)
+        free(chat)
+
+
+# ---------------------------------------------------------------------------------------------
 # the rules for parameter values: the one place that checks them (Llama, the argument parser and
 # the bench call these)
 
@@ -349,6 +402,15 @@ def check_batch_sizes(n_batch, n_ubatch):
         raise ValueError(f"n_batch and n_ubatch must be >= 1, got {n_batch} and {n_ubatch}")
     if n_ubatch > n_batch:
         raise ValueError(f"n_ubatch ({n_ubatch}) must not exceed n_batch ({n_batch})")
+
+
+def default_n_ubatch(n_batch, split_overlap):
+    """The ubatch when none is given: llama.cpp's 512, or half of n_batch with split overlap, so that
+    each batch gives both lanes a ubatch (on two H200s, pp2048 with -b 2048 ran fastest at -ub 1024 of
+    128-2048; docs/benchmarks.md). Never below the 64 tokens a lane needs, nor above n_batch."""
+    if split_overlap:
+        return min(n_batch, max(64, n_batch // 2))
+    return min(n_batch, 512)
 
 
 cdef inline int64_t _now_ns() noexcept nogil:
@@ -546,6 +608,18 @@ cdef class Model:
         n = llama_model_meta_val_str(self.ptr, key.encode(), buf, sizeof(buf))
         return None if n < 0 else (<bytes> buf).decode("utf-8", "replace")
 
+    def chat_template(self, name=None):
+        """The model's chat template (tokenizer.chat_template, or the named variant), or None."""
+        self._check_open()
+        cdef bytes bname
+        cdef const char * res
+        if name is None:
+            res = llama_model_chat_template(self.ptr, NULL)
+        else:
+            bname = str(name).encode()
+            res = llama_model_chat_template(self.ptr, bname)
+        return None if res == NULL else (<bytes> res).decode("utf-8", "replace")
+
     @property
     def token_bos(self):
         self._check_open()
@@ -722,6 +796,18 @@ cdef class Context:
         self._check_open()
         return llama_n_ubatch(self.ptr)
 
+    @property
+    def n_seq_max(self):
+        self._check_open()
+        return llama_n_seq_max(self.ptr)
+
+    @property
+    def n_ctx_seq(self):
+        """Tokens one sequence may hold: n_ctx / n_seq_max rounded up to 256 (llama.cpp gives each sequence
+        its own part of the KV cache), so n_ctx itself with one sequence."""
+        self._check_open()
+        return llama_n_ctx_seq(self.ptr)
+
     def n_past(self, int seq_id=0):
         """Tokens held in the KV cache for a sequence."""
         self._check_open()
@@ -759,7 +845,7 @@ cdef class Context:
         if n == 0:
             raise ValueError("no tokens to decode")
         cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
-        cdef int32_t n_ctx = llama_n_ctx(self.ptr)
+        cdef int32_t n_ctx = llama_n_ctx_seq(self.ptr)  # a sequence's share; all of n_ctx with one sequence
         cdef llama_pos pos0 = llama_memory_seq_pos_max(llama_get_memory(self.ptr), seq_id) + 1
         if pos0 + n > n_ctx:
             raise ContextFullError(f"{pos0} cached + {n} new tokens exceed the context of {n_ctx} tokens")
@@ -793,49 +879,73 @@ cdef class Context:
         llama_decode call (n_batch at a time, in the order given), as a server batches its slots.
         seqs: (seq_id, tokens) pairs with distinct seq_ids < n_seq_max. Returns the logits of each
         sequence's last token, float32 (len(seqs), n_vocab), in the order given."""
+        return self._decode_items([(s, t, True) for s, t in seqs], "decode_sequences")
+
+    def decode_batch(self, items):
+        """Append tokens to several sequences in shared llama_decode calls: a server's step, where some
+        sequences add one generated token and others a piece of their prompt.
+
+        items: (seq_id, tokens, logits) triples with distinct seq_ids < n_seq_max and at least one token
+        each; logits (bool) asks for the logits of the item's last token. Each sequence continues after
+        the positions it holds. The tokens go in the order given, n_batch at a time (one llama_decode
+        call when they fit). Returns float32 (items with logits, n_vocab), in the order given. A sequence
+        that would outgrow its share of the context (n_ctx_seq) raises ContextFullError before any decode.
+        """
+        return self._decode_items([(s, t, bool(want)) for s, t, want in items], "decode_batch")
+
+    def _decode_items(self, list items, str what):
         self._check_open()
-        items = [(int(s), self.model._tokens(t)) for s, t in seqs]
-        if not items or any(t.shape[0] == 0 for _, t in items):
-            raise ValueError("every sequence needs at least one token")
-        ids = [s for s, _ in items]
         cdef uint32_t n_seq_max = llama_n_seq_max(self.ptr)
+        cdef int32_t n_ctx_seq = llama_n_ctx_seq(self.ptr)
+        cdef llama_memory_t mem = llama_get_memory(self.ptr)
+        ids = [int(s) for s, _, _ in items]
         if len(set(ids)) != len(ids) or not all(0 <= s < n_seq_max for s in ids):
             raise ValueError(f"seq_ids must be distinct and in [0, {n_seq_max}): {ids}")
-        cdef llama_memory_t mem = llama_get_memory(self.ptr)
-        # (sequence row, seq_id, position, token) of every token, sequence by sequence
-        flat = [(row, s, llama_memory_seq_pos_max(mem, s) + 1 + k, int(tok))
-                for row, (s, toks) in enumerate(items) for k, tok in enumerate(toks)]
-        last = {row: len(toks) - 1 for row, (_, toks) in enumerate(items)}
+        arrays = [np.asarray(self.model._tokens(t)) for _, t, _ in items]
+        if not items or any(a.shape[0] == 0 for a in arrays):
+            raise ValueError("every sequence needs at least one token")
+        lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+        pos0 = np.array([llama_memory_seq_pos_max(mem, s) + 1 for s in ids], dtype=np.int64)
+        for s, held, new in zip(ids, pos0, lengths):
+            if held + new > n_ctx_seq:
+                raise ContextFullError(f"sequence {s}: {held} cached + {new} new tokens exceed its context of "
+                                       f"{n_ctx_seq} tokens")
+        # flat per-token arrays: token, sequence, position, and the output row (-1: no logits)
+        ends = np.cumsum(lengths)
+        cdef int32_t[::1] tok = np.concatenate(arrays).astype(np.int32)
+        cdef int32_t[::1] seq = np.repeat(np.array(ids, dtype=np.int32), lengths)
+        cdef int32_t[::1] pos = (np.arange(ends[-1]) - np.repeat(ends - lengths, lengths)
+                                 + np.repeat(pos0, lengths)).astype(np.int32)
+        want = np.array([w for _, _, w in items], dtype=bool)
+        rows_np = np.full(ends[-1], -1, dtype=np.int32)
+        rows_np[ends[want] - 1] = np.arange(int(want.sum()), dtype=np.int32)
+        cdef int32_t[::1] rows = rows_np
         cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
-        out = np.empty((len(items), n_vocab), dtype=np.float32)
+        out = np.empty((int(want.sum()), n_vocab), dtype=np.float32)
         cdef float[:, ::1] out_mv = out
-        cdef int32_t i, n, rc
+        cdef int32_t total = tok.shape[0], start, n, i, rc
         cdef float * src
-        seen = [0] * len(items)
-        for start in range(0, len(flat), self.batch_cap):
-            chunk = flat[start:start + self.batch_cap]
-            n = len(chunk)
+        for start in range(0, total, self.batch_cap):
+            n = min(self.batch_cap, total - start)
             for i in range(n):
-                row, s, pos, tok = chunk[i]
-                self.batch.token[i] = tok
-                self.batch.pos[i] = pos
+                self.batch.token[i] = tok[start + i]
+                self.batch.pos[i] = pos[start + i]
                 self.batch.n_seq_id[i] = 1
-                self.batch.seq_id[i][0] = s
-                self.batch.logits[i] = seen[row] == last[row]
-                seen[row] += 1
+                self.batch.seq_id[i][0] = seq[start + i]
+                self.batch.logits[i] = rows[start + i] >= 0
             self.batch.n_tokens = n
             with nogil:
                 rc = llama_decode(self.ptr, self.batch)
             if rc != 0:
-                _check_rpc_servers(self.model.rpc_servers, "decode_sequences")
-            _check_decode(rc, "decode_sequences")
+                _check_rpc_servers(self.model.rpc_servers, what)
+            _check_decode(rc, what)
             for i in range(n):
-                if self.batch.logits[i]:
+                if rows[start + i] >= 0:
                     src = llama_get_logits_ith(self.ptr, i)
                     if src == NULL:
                         raise DecodeError("no logits for an output token")
-                    memcpy(&out_mv[chunk[i][0], 0], src, n_vocab * sizeof(float))
-        _check_rpc_servers(self.model.rpc_servers, "decode_sequences")
+                    memcpy(&out_mv[rows[start + i], 0], src, n_vocab * sizeof(float))
+        _check_rpc_servers(self.model.rpc_servers, what)
         return out
 
     def split_overlap_stats(self):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from pyllama_so import _llama
 
@@ -79,11 +80,9 @@ cache_type = rule(_llama.cache_type_name)
 rpc_servers = rule(_llama.rpc_endpoints)
 
 
-def add_rpc_argument(ap: argparse.ArgumentParser) -> None:
-    """--rpc as llama.cpp spells it: RPC servers host:port,host:port, default LLAMA_ARG_RPC."""
-    ap.add_argument("-rpc", "--rpc", type=rpc_servers, default=env_default("RPC", "") or None, metavar="SERVERS",
-                    help="use the devices of these RPC servers (host:port,...; started with python -m "
-                         "pyllama_so.rpc_server; env LLAMA_ARG_RPC)")
+def rpc_server_lists(text: str) -> list[list[str]]:
+    """The bench's --rpc: one list of servers for every run (its commas separate servers, as llama-bench's)."""
+    return [rpc_servers(text)]
 
 
 def boolean(text: str) -> bool:
@@ -156,3 +155,118 @@ def pp_tg_pair(text: str) -> tuple[int, int]:
     if len(parts) != 2:
         raise argparse.ArgumentTypeError(f"expected pp,tg, got {text!r}")
     return positive_int(parts[0]), positive_int(parts[1])
+
+
+def default_threads() -> int:
+    """Physical cores we may run on, as llama-bench (hyperthread siblings count once)."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        topo = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        try:
+            with open(f"{topo}/physical_package_id") as pkg, open(f"{topo}/core_id") as core:
+                cores.add((pkg.read().strip(), core.read().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))
+
+
+# ---------------------------------------------------------------------------------------------
+# The model and context flags of the bench and the server: one definition of their names, variables,
+# value rules, defaults and help. The bench takes comma lists of them (every combination runs), the
+# server one value each.
+
+@dataclass(frozen=True)
+class Flag:
+    names: tuple[str, ...]
+    env: str  # LLAMA_ARG_<env> supplies the default
+    parse: Callable[[str], Any]  # one value
+    help: str
+    default: str | Callable[[], str] | None = None  # text parsed like a value (computed when the parser is made)
+    metavar: str | None = None
+    alternatives: Callable[[str], list[Any]] | None = None  # the list form, when not a comma list of values
+    alternatives_help: str = "comma list: each value runs"
+    repeat: bool = False  # the list form adds each use of the flag to the list (-m a -m b)
+
+    @property
+    def dest(self) -> str:
+        return next(n for n in self.names if n.startswith("--"))[2:].replace("-", "_")
+
+
+MODEL_FLAGS: tuple[Flag, ...] = (
+    Flag(("-m", "--model"), "MODEL", str, "GGUF model file; default: a cached synthetic model (--synthetic)",
+         metavar="FILE", alternatives_help="comma list or repeated flag: each model runs", repeat=True),
+    Flag(("-b", "--batch-size"), "BATCH", positive_int, "logical batch: most tokens per llama_decode call",
+         "2048", "N"),
+    Flag(("-ub", "--ubatch-size"), "UBATCH", positive_int,
+         "physical batch: most tokens per ubatch; default 512, with -so 1 half of -b (each batch feeds both lanes)",
+         metavar="N"),
+    Flag(("-ngl", "--n-gpu-layers"), "N_GPU_LAYERS", gpu_layers, "layers on the GPUs; -1 or all: every layer",
+         "-1", "N"),
+    Flag(("-sm", "--split-mode"), "SPLIT_MODE", split_mode, "none, layer, row or tensor", "layer", "MODE"),
+    Flag(("-mg", "--main-gpu"), "MAIN_GPU", non_negative_int, "the GPU of -sm none and of row split's small tensors",
+         "0", "I"),
+    Flag(("-ts", "--tensor-split"), "TENSOR_SPLIT", tensor_split, "proportions per device, e.g. 1/1 or 3/1",
+         metavar="SPLIT"),
+    Flag(("-as", "--attn-split"), "ATTN_SPLIT", attn_split,
+         "attention heads and KV cache per device, -sm tensor only: 1/3 or 1,3 (default: follow -ts)",
+         metavar="SPLIT", alternatives=attn_split_alternatives,
+         alternatives_help="alternatives separated by ';' (1/3;1,1), or by ',' between '/' forms as -ts (1/3,1/0); "
+                           "'-' follows -ts; other split modes than tensor are skipped"),
+    Flag(("-fa", "--flash-attn"), "FLASH_ATTN", flash_attn, "flash attention: on, off or auto", "auto", "MODE"),
+    Flag(("-ctk", "--cache-type-k"), "CACHE_TYPE_K", cache_type, "KV cache type of K (f16, q8_0, ...)", "f16", "TYPE"),
+    Flag(("-ctv", "--cache-type-v"), "CACHE_TYPE_V", cache_type, "KV cache type of V (f16, q8_0, ...)", "f16", "TYPE"),
+    Flag(("-t", "--threads"), "THREADS", positive_int, "CPU threads; default: the physical cores",
+         lambda: str(default_threads()), "N"),
+    Flag(("-so", "--split-overlap"), "SPLIT_OVERLAP", boolean,
+         "alternate prompt ubatches between two lanes (0/1; -sm tensor only)", "0", "0|1",
+         alternatives_help="comma list: each value runs; combinations without -sm tensor are skipped"),
+    Flag(("-rpc", "--rpc"), "RPC", rpc_servers,
+         "use the devices of these RPC servers, host:port,... (python -m pyllama_so.rpc_server); they come "
+         "before the local devices, and -ts and -mg count them", metavar="SERVERS", alternatives=rpc_server_lists,
+         alternatives_help="one list for every run"),
+)
+
+
+class _ReplaceDefaultThenExtend(argparse.Action):
+    """action="extend", except that the first use replaces the default (from LLAMA_ARG_MODEL) where
+    extend would add to it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        items = getattr(namespace, self.dest, None)
+        items = [] if items is None or items is self.default else list(items)
+        setattr(namespace, self.dest, items + list(values))
+
+
+def add_model_args(ap: argparse.ArgumentParser, *, lists: bool = False, synthetic_shapes: Sequence[str] = (),
+                   skip: Sequence[str] = ()) -> None:
+    """Add MODEL_FLAGS (but those whose dest is in skip) to ap, one value each or, with lists, the bench's
+    lists. A flag's default is its LLAMA_ARG_* variable when set, else the table's, parsed as a value of
+    the flag; no default is None. synthetic_shapes adds --synthetic, the shape used without -m."""
+    for f in MODEL_FLAGS:
+        if f.dest in skip:
+            continue
+        env = f"LLAMA_ARG_{f.env}"
+        default = os.environ.get(env) or (f.default() if callable(f.default) else f.default)
+        note = f"default {f.default}; env {env}" if isinstance(f.default, str) else f"env {env}"
+        kw: dict[str, Any] = {"default": default, "metavar": f.metavar, "help": f"{f.help} ({note})"}
+        if lists:
+            kw["type"] = f.alternatives or comma_list(f.parse)
+            kw["help"] = f"{f.help}; {f.alternatives_help} ({note})"
+            if f.repeat:
+                kw["action"] = _ReplaceDefaultThenExtend
+        else:
+            kw["type"] = f.parse
+        ap.add_argument(*f.names, **kw)
+    if synthetic_shapes:
+        ap.add_argument("--synthetic", default="small", choices=list(synthetic_shapes),
+                        help="shape of the synthetic model used without -m (default small)")
+
+
+def add_rpc_argument(ap: argparse.ArgumentParser) -> None:
+    """Only the table's --rpc (python -m pyllama_so info)."""
+    add_model_args(ap, skip=[f.dest for f in MODEL_FLAGS if f.dest != "rpc"])

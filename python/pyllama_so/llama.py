@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import codecs
 import os
 import time
 import uuid
@@ -20,6 +19,7 @@ import numpy as np
 from pyllama_so import _llama
 from pyllama_so._llama import ContextFullError, ModelLoadError
 from pyllama_so.sampling import SamplingParams, sample
+from pyllama_so.textstream import TextStream
 
 _GGUF_MAGIC = b"GGUF"
 
@@ -48,7 +48,8 @@ class Llama:
     split_overlap: with split_mode="tensor", consecutive ubatches of at least 64 tokens alternate
     between two lanes (each with its own scheduler, streams, AllReduce context and compute buffers),
     so one ubatch's AllReduces run while the next ubatch computes. It helps prompt processing where
-    the AllReduces take a noticeable share of the time; n_ubatch is the size of each lane's ubatch.
+    the AllReduces take a noticeable share of the time; n_ubatch is the size of each lane's ubatch, by
+    default half of n_batch (else 512, as llama.cpp), so that every batch feeds both lanes.
     The logits are bitwise identical to those without it. Decoding (ubatches under 64 tokens) stays
     on lane 0. Each lane reserves its own compute buffers. Without split_mode="tensor" it is a
     ValueError; where the library keeps the lanes off (e.g. not every layer on the split devices),
@@ -77,7 +78,7 @@ class Llama:
         main_gpu: int = 0,
         n_ctx: int = 4096,
         n_batch: int = 2048,
-        n_ubatch: int = 512,
+        n_ubatch: int | None = None,
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         flash_attn: str | bool | None = "auto",
@@ -103,6 +104,8 @@ class Llama:
                              "attention heads of tensor split")
         if n_ctx < 0:
             raise ValueError(f"n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
+        if n_ubatch is None:
+            n_ubatch = _llama.default_n_ubatch(n_batch, split_overlap)
         _llama.check_batch_sizes(n_batch, n_ubatch)
         n_gpus = _llama.gpu_device_count()
         if n_gpus and servers is None and not 0 <= main_gpu < n_gpus:
@@ -300,7 +303,7 @@ class Llama:
                     top_k: int, min_p: float, stop: str | Sequence[str] | None, seed: int | None,
                     echo: bool) -> Iterator[dict[str, Any]]:
         prompt_tokens = self.tokenize(prompt) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
-        stops = [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]  # "" would stop at once
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
         if max_tokens is not None and max_tokens <= 0:
             max_tokens = None  # llama-cpp-python: <= 0 means up to the end of the context
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
@@ -311,40 +314,22 @@ class Llama:
 
         if echo:
             yield chunk(self.detokenize(prompt_tokens).decode("utf-8", "replace"), None)
-        produced: list[int] = []
-        # The text is detokenize(produced) decoded with invalid bytes replaced; an incomplete trailing
-        # character waits in the decoder for the next token's bytes.
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        fed = 0  # bytes of the detokenized output given to the decoder
-        text = ""
-        sent = 0  # characters of text yielded
-        hold = max((len(s) for s in stops), default=1) - 1  # what may be the start of a stop string
-        stopped = False
+        text = TextStream(self.detokenize, stops)
         for tok in self.generate(prompt_tokens, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                  top_p=top_p, min_p=min_p, seed=seed):
-            produced.append(tok)
-            data = self.detokenize(produced)
-            text += decoder.decode(data[fed:])
-            fed = len(data)
-            # a stop string is found as soon as it is complete, so it never starts in what was sent
-            hits = [i for i in (text.find(s, sent) for s in stops) if i >= 0]
-            if hits:
-                text, stopped = text[: min(hits)], True
-            ready = len(text) if stopped else len(text) - hold
-            if ready > sent:
-                yield chunk(text[sent:ready], None)
-                sent = ready
-            if stopped:
+            ready = text.push(tok)
+            if ready:
+                yield chunk(ready, None)
+            if text.stopped:
                 break
-        if stopped:
+        produced = text.tokens
+        if text.stopped:
             finish = "stop"
         elif (max_tokens is not None and len(produced) >= max_tokens) or self.n_tokens >= self.n_ctx():
             finish = "length"
         else:
             finish = "stop"  # end-of-generation token
-        if not stopped:
-            text += decoder.decode(b"", final=True)  # an incomplete last character becomes U+FFFD
-        tail = text[sent:]
+        tail = text.finish()
         usage = {"prompt_tokens": len(prompt_tokens), "completion_tokens": len(produced),
                  "total_tokens": len(prompt_tokens) + len(produced)}
         yield chunk(tail, finish, usage=usage)

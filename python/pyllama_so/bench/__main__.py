@@ -19,68 +19,16 @@ from pyllama_so.bench.runner import DEFAULTS, BenchParams, run_benchmarks
 from pyllama_so.synth import SHAPES, cached_model
 
 
-def default_threads() -> int:
-    """Physical cores we may run on, as llama-bench (hyperthread siblings count once)."""
-    try:
-        cpus = os.sched_getaffinity(0)
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-    cores = set()
-    for cpu in cpus:
-        topo = f"/sys/devices/system/cpu/cpu{cpu}/topology"
-        try:
-            with open(f"{topo}/physical_package_id") as pkg, open(f"{topo}/core_id") as core:
-                cores.add((pkg.read().strip(), core.read().strip()))
-        except OSError:
-            cores.add(("cpu", str(cpu)))
-    return max(1, len(cores))
-
-
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pyllama_so.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     d = DEFAULTS
-
-    def env(name: str, values: list[object]) -> str:  # LLAMA_ARG_<name>, else the default; parsed by the flag's type
-        return A.env_default(name, ",".join(str(v).lower() for v in values))
-
-    ap.add_argument("-m", "--model", type=A.comma_list(str), action="extend", default=None,
-                    help="GGUF model file(s); default: a cached synthetic model (env LLAMA_ARG_MODEL)")
-    ap.add_argument("--synthetic", default="small", choices=list(SHAPES), help="shape of the synthetic model used without -m (default small)")
+    A.add_model_args(ap, lists=True, synthetic_shapes=list(SHAPES))  # -m -b -ub -ngl -sm -mg -ts -as -fa ... -so --rpc
     ap.add_argument("-p", "--n-prompt", type=A.comma_list(A.non_negative_int), default=d.n_prompt)
     ap.add_argument("-n", "--n-gen", type=A.comma_list(A.non_negative_int), default=d.n_gen)
     ap.add_argument("-pg", type=A.pp_tg_pair, action="append", default=[], metavar="PP,TG",
                     help="prompt + generation test; repeat the flag for several")
     ap.add_argument("-d", "--n-depth", type=A.comma_list(A.non_negative_int), default=d.n_depth)
-    ap.add_argument("-b", "--batch-size", type=A.comma_list(A.positive_int),
-                    default=env("BATCH", d.n_batch))
-    ap.add_argument("-ub", "--ubatch-size", type=A.comma_list(A.positive_int),
-                    default=env("UBATCH", d.n_ubatch))
-    ap.add_argument("-ngl", "--n-gpu-layers", type=A.comma_list(A.gpu_layers),
-                    default=env("N_GPU_LAYERS", d.n_gpu_layers))
-    ap.add_argument("-sm", "--split-mode", type=A.comma_list(A.split_mode),
-                    default=env("SPLIT_MODE", d.split_mode))
-    ap.add_argument("-mg", "--main-gpu", type=A.comma_list(A.non_negative_int), default=d.main_gpu)
-    ap.add_argument("-ts", "--tensor-split", type=A.comma_list(A.tensor_split), default=None,
-                    help="e.g. 1/1 (proportions per device), comma list for several")
-    ap.add_argument("-as", "--attn-split", type=A.attn_split_alternatives,
-                    default=A.env_default("ATTN_SPLIT", "") or None,
-                    help="attention heads and KV cache per device, -sm tensor only (other split modes are "
-                         "skipped): 1/3 or 1,3; alternatives separated by ';' (1/3;1,1), or by ',' between "
-                         "'/' forms as -ts (1/3,1/0); '-' follows -ts (env LLAMA_ARG_ATTN_SPLIT)")
-    ap.add_argument("-fa", "--flash-attn", type=A.comma_list(A.flash_attn),
-                    default=env("FLASH_ATTN", d.flash_attn))
-    ap.add_argument("-ctk", "--cache-type-k", type=A.comma_list(A.cache_type),
-                    default=env("CACHE_TYPE_K", d.type_k))
-    ap.add_argument("-ctv", "--cache-type-v", type=A.comma_list(A.cache_type),
-                    default=env("CACHE_TYPE_V", d.type_v))
-    ap.add_argument("-t", "--threads", type=A.comma_list(A.positive_int),
-                    default=A.env_default("THREADS", str(default_threads())))
-    ap.add_argument("-so", "--split-overlap", type=A.comma_list(A.boolean),
-                    default=env("SPLIT_OVERLAP", d.split_overlap),
-                    help="alternate prompt ubatches between two lanes (0/1; only with -sm tensor, other "
-                         "combinations are skipped; env LLAMA_ARG_SPLIT_OVERLAP)")
-    A.add_rpc_argument(ap)
     ap.add_argument("-r", "--repetitions", type=A.positive_int, default=d.repetitions)
     ap.add_argument("-o", "--output", choices=list(PRINTERS), default="md")
     ap.add_argument("--no-warmup", action="store_true", help="no warm-up run (the same as --warmup-runs 0)")
@@ -104,9 +52,7 @@ def warmup_runs(ns: argparse.Namespace) -> int:
 
 
 def params_from_args(ns: argparse.Namespace) -> BenchParams:
-    models = ns.model or ([os.environ["LLAMA_ARG_MODEL"]] if os.environ.get("LLAMA_ARG_MODEL") else None)
-    if not models:
-        models = [str(cached_model(ns.synthetic))]
+    models = ns.model or [str(cached_model(ns.synthetic))]
     for m in models:
         if os.path.isdir(m):
             raise SystemExit(f"bench: {m} is a directory, not a model file")
@@ -117,7 +63,7 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
         n_batch=ns.batch_size, n_ubatch=ns.ubatch_size, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode,
         main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], attn_split=_attn_split_arg(ns.attn_split), flash_attn=ns.flash_attn,
         type_k=ns.cache_type_k, type_v=ns.cache_type_v, n_threads=ns.threads, split_overlap=ns.split_overlap,
-        repetitions=ns.repetitions, warmup_runs=warmup_runs(ns), rpc_servers=tuple(ns.rpc or ()))
+        repetitions=ns.repetitions, warmup_runs=warmup_runs(ns), rpc_servers=tuple(ns.rpc[0]) if ns.rpc else ())
 
 
 def _attn_split_arg(value: object) -> list[tuple[float, ...]]:

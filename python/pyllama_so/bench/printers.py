@@ -146,6 +146,8 @@ class MarkdownPrinter(Printer):
             values = getattr(self.params, axis)
             if axis == "n_threads":  # the default depends on the machine: shown for CPU runs, as llama-bench
                 show = cpu or len(values) > 1
+            elif values is None:  # n_ubatch by default: 512, or half of -b for -so 1 rows
+                show = any(self.params.split_overlap)
             else:
                 show = len(values) > 1 or values != getattr(DEFAULTS, axis)
             if show:

@@ -78,7 +78,7 @@ class BenchParams:
     pg: list[tuple[int, int]] = field(default_factory=list)
     n_depth: list[int] = field(default_factory=lambda: [0])
     n_batch: list[int] = field(default_factory=lambda: [2048])
-    n_ubatch: list[int] = field(default_factory=lambda: [512])
+    n_ubatch: list[int] | None = None  # None: per combination, _llama.default_n_ubatch
     n_gpu_layers: list[int] = field(default_factory=lambda: [-1])
     split_mode: list[str] = field(default_factory=lambda: ["layer"])
     main_gpu: list[int] = field(default_factory=lambda: [0])
@@ -99,10 +99,10 @@ class BenchParams:
             yield ModelParams(m, ngl, sm, mg, ts, as_, self.rpc_servers)
 
     def context_params(self) -> Iterator[ContextParams]:
-        for b, ub, t, fa, tk, tv, so in itertools.product(self.n_batch, self.n_ubatch, self.n_threads,
+        for b, ub, t, fa, tk, tv, so in itertools.product(self.n_batch, self.n_ubatch or [None], self.n_threads,
                                                           self.flash_attn, self.type_k, self.type_v,
                                                           self.split_overlap):
-            yield ContextParams(b, ub, t, fa, tk, tv, so)
+            yield ContextParams(b, _llama.default_n_ubatch(b, so) if ub is None else ub, t, fa, tk, tv, so)
 
     def tests(self) -> Iterator[Test]:
         for d in self.n_depth:

@@ -1,0 +1,167 @@
+"""`python -m pyllama_so.server`: an OpenAI-compatible server with parallel slots.
+
+    python -m pyllama_so.server -m model.gguf -sm tensor -so 1 -c 32768 --parallel 2 --port 8080
+
+The model and batch flags are the bench's, one value each, with the same LLAMA_ARG_* variables.
+Without -m it serves the cached synthetic model (--synthetic). It listens on 127.0.0.1 unless --host
+says otherwise. docs/server.md has the endpoints, the slots and the errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from pyllama_so import _llama
+from pyllama_so import args as A
+from pyllama_so.synth import SHAPES, cached_model
+
+EXTRA = 'pip install "pyllama_so[server]"'
+log = logging.getLogger("pyllama_so.server")
+
+
+def port(text: str) -> int:
+    value = A.non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0..65535, got {value}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m pyllama_so.server", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    A.add_model_args(ap, synthetic_shapes=list(SHAPES))
+    ap.add_argument("-c", "--ctx-size", type=A.non_negative_int, default=A.env_default("CTX_SIZE", "4096"),
+                    metavar="N", help="KV cache tokens of all slots together, each slot getting N / --parallel "
+                    "rounded up to 256; 0: the model's training context (env LLAMA_ARG_CTX_SIZE; default 4096)")
+    ap.add_argument("-np", "--parallel", type=A.positive_int, default=A.env_default("N_PARALLEL", "4"),
+                    metavar="N", help="slots: requests generated together (env LLAMA_ARG_N_PARALLEL; default 4)")
+    ap.add_argument("--queue-size", type=A.non_negative_int, default="64", metavar="N",
+                    help="requests that may wait for a slot; more get 503 (default 64)")
+    ap.add_argument("--host", default=A.env_default("HOST", "127.0.0.1"),
+                    help="address to listen on (env LLAMA_ARG_HOST; default 127.0.0.1, loopback only)")
+    ap.add_argument("--port", type=port, default=A.env_default("PORT", "8080"),
+                    help="0: any free port, logged at start (env LLAMA_ARG_PORT; default 8080)")
+    ap.add_argument("--api-key", default=os.environ.get("LLAMA_API_KEY") or None, metavar="KEY",
+                    help="require 'Authorization: Bearer KEY' everywhere but /health (env LLAMA_API_KEY)")
+    ap.add_argument("-a", "--alias", default=A.env_default("ALIAS", "") or None, metavar="NAME",
+                    help="the model's id in responses and /v1/models (default: the file name; env LLAMA_ARG_ALIAS)")
+    ap.add_argument("--chat-template", default=A.env_default("CHAT_TEMPLATE", "") or None, metavar="NAME|TEXT",
+                    help="a llama.cpp built-in template (chatml, llama3, ...) or a template text; default: the "
+                    "model's, else chatml (env LLAMA_ARG_CHAT_TEMPLATE)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+    return ap
+
+
+def missing_extra() -> str | None:
+    """The first package of the server extra that is not installed, or None."""
+    for module in ("fastapi", "uvicorn", "sse_starlette"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return module
+    return None
+
+
+def listening_socket(host: str, port_: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port_))
+    sock.set_inheritable(True)
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 after a clean shutdown (Ctrl-C or SIGTERM while serving), 1 when it cannot start,
+    2 bad arguments, 130 Ctrl-C while starting."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("server: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
+    ap = parser()
+    ns = ap.parse_args(argv)
+    if not ns.rpc:  # with RPC servers the model load counts their devices too
+        A.check_device_count(ap, "-ts/--tensor-split", [ns.tensor_split or ()], _llama.check_tensor_split)
+        A.check_device_count(ap, "-as/--attn-split", [ns.attn_split or ()], _llama.check_attn_split)
+    missing = missing_extra()
+    if missing:
+        print(f"server: {missing} is not installed; the server needs the server extra: {EXTRA}", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    _llama.set_log_level("info" if ns.verbose else "error")
+    if ns.ubatch_size is None:  # llama.cpp's 512, or with -so 1 half of -b, as Llama and the bench
+        ns.ubatch_size = _llama.default_n_ubatch(ns.batch_size, ns.split_overlap)
+    try:
+        _llama.check_batch_sizes(ns.batch_size, ns.ubatch_size)
+        if ns.split_overlap and ns.split_mode != "tensor":
+            raise ValueError(f"-so 1 needs -sm tensor, not -sm {ns.split_mode}")
+        if ns.attn_split and ns.split_mode != "tensor":
+            raise ValueError(f"-as needs -sm tensor, not -sm {ns.split_mode}")
+    except ValueError as e:
+        print(f"server: error: {e}", file=sys.stderr)
+        return 2
+    path = Path(ns.model) if ns.model else cached_model(ns.synthetic)
+    if not path.is_file():
+        print(f"server: model file not found: {path}", file=sys.stderr)
+        return 1
+    try:
+        return serve(ns, path)
+    except (_llama.LlamaError, ValueError, OSError) as e:
+        print(f"server: error: {e}", file=sys.stderr)
+        return 1
+
+
+def serve(ns: argparse.Namespace, path: Path) -> int:
+    import uvicorn
+
+    from pyllama_so.server import chat
+    from pyllama_so.server.app import create_app
+    from pyllama_so.server.engine import Engine
+
+    model = _llama.Model.load(path, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode, main_gpu=ns.main_gpu,
+                              tensor_split=ns.tensor_split, attn_split=ns.attn_split, rpc_servers=ns.rpc)
+    ctx = None
+    try:
+        ctx = _llama.Context(model, n_ctx=ns.ctx_size, n_batch=ns.batch_size,
+                             n_ubatch=ns.ubatch_size, n_seq_max=ns.parallel, n_threads=ns.threads,
+                             n_threads_batch=ns.threads, flash_attn=ns.flash_attn, type_k=ns.cache_type_k,
+                             type_v=ns.cache_type_v, split_overlap=ns.split_overlap)
+        if ns.split_overlap and not ctx.split_overlap_stats()["enabled"]:
+            log.warning("split overlap stays off: %s", ctx.split_overlap_stats()["reason"])
+        template = chat.resolve(model, ns.chat_template)
+        engine = Engine(ctx, queue_size=ns.queue_size)
+        model_id = ns.alias or path.name
+        meta = {"path": str(path), "desc": model.desc, "n_params": model.n_params, "size": model.size,
+                "split_mode": ns.split_mode, "split_overlap": ns.split_overlap}
+        app = create_app(engine, model_id=model_id, chat=template, api_key=ns.api_key, model_meta=meta)
+        sock = listening_socket(ns.host, ns.port)
+        host, bound = sock.getsockname()[:2]
+        engine.start()
+        try:
+            log.info("%s: %d slots of %d tokens, n_batch %d, n_ubatch %d, chat template %s", model_id,
+                     ns.parallel, ctx.n_ctx_seq, ctx.n_batch, ctx.n_ubatch, template.source)
+            log.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, bound)
+            config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+            uvicorn.Server(config).run(sockets=[sock])
+        finally:
+            engine.stop()
+            sock.close()
+    finally:
+        if ctx is not None:
+            ctx.free()
+        model.free()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

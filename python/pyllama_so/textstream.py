@@ -1,0 +1,61 @@
+"""Generated tokens to text as it becomes final: UTF-8 decoded incrementally and cut at the first stop string.
+
+Llama.create_completion and the server's slots both stream text through it, so that a server response
+is the text Llama gives for the same tokens.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable, Sequence
+
+
+class TextStream:
+    """push() each generated token and send what it returns; finish() gives the rest.
+
+    The text is detokenize(tokens) decoded with invalid bytes replaced: the whole output is detokenized
+    again at each token, because a tokenizer may render a token differently at the start of the text
+    than after others. An incomplete trailing character waits in the decoder for the next token's bytes.
+    Text that may be the start of a stop string is held back until it cannot be; a stop string is found
+    as soon as it is complete, so it never starts in text already returned.
+    """
+
+    def __init__(self, detokenize: Callable[[list[int]], bytes], stops: Sequence[str] = ()) -> None:
+        self._detokenize = detokenize
+        self.stops = [s for s in stops if s]  # "" would stop at once
+        self.tokens: list[int] = []
+        self.stopped = False  # a stop string was found: push() must not be called again
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._fed = 0  # bytes of the detokenized output given to the decoder
+        self._text = ""
+        self._sent = 0  # characters of _text returned
+        self._hold = max((len(s) for s in self.stops), default=1) - 1
+
+    def push(self, token: int) -> str:
+        """Add a generated token; return the text that became final (maybe "")."""
+        if self.stopped:
+            raise RuntimeError("the text already ended at a stop string")
+        self.tokens.append(token)
+        data = self._detokenize(self.tokens)
+        self._text += self._decoder.decode(data[self._fed:])
+        self._fed = len(data)
+        hits = [i for i in (self._text.find(s, self._sent) for s in self.stops) if i >= 0]
+        if hits:
+            self._text, self.stopped = self._text[: min(hits)], True
+        ready = len(self._text) if self.stopped else len(self._text) - self._hold
+        if ready <= self._sent:
+            return ""
+        out, self._sent = self._text[self._sent:ready], ready
+        return out
+
+    def finish(self) -> str:
+        """The text held back; an incomplete last character becomes U+FFFD (unless a stop string ended it)."""
+        if not self.stopped:
+            self._text += self._decoder.decode(b"", final=True)
+        out, self._sent = self._text[self._sent:], len(self._text)
+        return out
+
+    @property
+    def text(self) -> str:
+        """All the text so far, held-back part included."""
+        return self._text

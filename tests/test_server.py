@@ -1,0 +1,531 @@
+"""python -m pyllama_so.server: the OpenAI endpoints against Llama, slots and batching, errors, load.
+
+Servers run as subprocesses on 127.0.0.1 with the tiny synthetic model, on a port the server picks
+(--port 0, read from its log); each is stopped when its tests end. The clients are the official openai
+package and, for the error cases, raw HTTP (httpx).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from pyllama_so import Llama, _llama, synth
+from pyllama_so import args as A
+from pyllama_so.bench.__main__ import parser as bench_parser
+from pyllama_so.bench.runner import DEFAULTS
+from pyllama_so.sampling import SamplingParams
+from pyllama_so.server.__main__ import parser as server_parser
+from pyllama_so.server.engine import Delta, Done, Engine, Event, Job, Step
+
+# The main server: 4 slots of 256 tokens; Llama with the same context, batch and ubatch is the reference.
+SLOT_CTX, N_BATCH, N_UBATCH = 256, 256, 32
+MAIN_ARGS = ["-c", str(4 * SLOT_CTX), "-np", "4", "-b", str(N_BATCH), "-ub", str(N_UBATCH), "--queue-size", "8"]
+PROMPT = "The quick brown fox jumps over the lazy dog. 0123456789"
+CHATML = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class Server:
+    """A server subprocess; url is set from its "listening on" log line, lines holds its log."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, api_key: str = "none") -> None:
+        self.api_key = api_key
+        self.lines: list[str] = []
+        self.url = ""
+        self._ready = threading.Event()
+        self.proc = subprocess.Popen([sys.executable, "-m", "pyllama_so.server", "--port", "0", "-t", "2", *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        threading.Thread(target=self._read, daemon=True).start()
+        try:
+            if not self._ready.wait(120) or not self.url:
+                raise AssertionError(f"the server did not start:\n{self.log}")
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{self.url}/health").status_code != 200:
+                assert time.monotonic() < deadline, f"/health never answered 200:\n{self.log}"
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                self.url = m.group(1)
+                self._ready.set()
+        self._ready.set()  # it exited
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def client(self, **kw: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key, max_retries=0, timeout=60, **kw)
+
+    def post(self, path: str, body: Any = None, *, content: bytes | None = None, key: str | None = None,
+             timeout: float = 60) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key or self.api_key}", "Content-Type": "application/json"}
+        return httpx.post(f"{self.url}{path}", json=body if content is None else None, content=content,
+                          headers=headers, timeout=timeout)
+
+    def slots(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/slots", headers={"Authorization": f"Bearer {self.api_key}"}).json()
+
+
+@contextmanager
+def running(*args: str, **kw: Any) -> Iterator[Server]:
+    server = Server(list(args), **kw)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path) -> Iterator[Server]:
+    with running("-m", str(tiny_model), *MAIN_ARGS) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model: Path) -> Iterator[Llama]:
+    with Llama(tiny_model, n_ctx=SLOT_CTX, n_batch=N_BATCH, n_ubatch=N_UBATCH, n_threads=2) as llm:
+        yield llm
+
+
+def reference(llm: Llama, prompt: str | list[int], max_tokens: int | None) -> tuple[str, str, int, int]:
+    out = llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0)
+    return (out["choices"][0]["text"], out["choices"][0]["finish_reason"], out["usage"]["prompt_tokens"],
+            out["usage"]["completion_tokens"])
+
+
+def unique_tokens(seed: int, n: int) -> list[int]:
+    """A prompt of token ids no other test's prompt starts like (after BOS), so no slot has it cached."""
+    return [1] + np.random.default_rng(1000 + seed).integers(3, 500, n - 1).tolist()
+
+
+# -- the shared flags --
+
+def test_model_flags_come_from_one_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every flag of args.MODEL_FLAGS is in both tools, with the same variable: one value in the server,
+    a list in the bench; the bench's parsed defaults are BenchParams' own."""
+    for f in A.MODEL_FLAGS:
+        monkeypatch.delenv(f"LLAMA_ARG_{f.env}", raising=False)
+    server_ns, bench_ns = server_parser().parse_args([]), bench_parser().parse_args([])
+    assert bench_ns.ubatch_size is DEFAULTS.n_ubatch is server_ns.ubatch_size is None  # 512, or -b / 2 with -so 1
+    for attr, dest in [("n_batch", "batch_size"), ("n_gpu_layers", "n_gpu_layers"),
+                       ("split_mode", "split_mode"), ("main_gpu", "main_gpu"), ("flash_attn", "flash_attn"),
+                       ("type_k", "cache_type_k"), ("type_v", "cache_type_v"), ("split_overlap", "split_overlap")]:
+        assert bench_ns.__dict__[dest] == getattr(DEFAULTS, attr) == [server_ns.__dict__[dest]], dest
+    for text, one, listed in [("UBATCH=8", 8, [8]), ("SPLIT_MODE=tensor", "tensor", ["tensor"]),
+                              ("SPLIT_OVERLAP=1", True, [True]), ("TENSOR_SPLIT=1", (1.0,), [(1.0,)]),
+                              ("MODEL=x.gguf", "x.gguf", ["x.gguf"]), ("THREADS=3", 3, [3])]:
+        name, value = text.split("=")
+        monkeypatch.setenv(f"LLAMA_ARG_{name}", value)
+        dest = next(f.dest for f in A.MODEL_FLAGS if f.env == name)
+        assert server_parser().parse_args([]).__dict__[dest] == one, text
+        assert bench_parser().parse_args([]).__dict__[dest] == listed, text
+    assert server_parser().parse_args(["-ub", "16"]).ubatch_size == 16  # the flag wins over the variable
+    assert bench_parser().parse_args(["-m", "a.gguf", "-m", "b.gguf,c.gguf"]).model == ["a.gguf", "b.gguf", "c.gguf"]
+
+
+@pytest.mark.parametrize("bad", [["-ub", "0"], ["-sm", "diagonal"], ["-so", "maybe"], ["--port", "70000"],
+                                 ["-np", "0"]])
+def test_bad_server_flags_exit_2(bad: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        server_parser().parse_args(bad)
+    assert e.value.code == 2
+
+
+def test_without_the_server_extra_names_it(tmp_path: Path) -> None:
+    """A fastapi that cannot be imported: one line naming the extra, status 1, before any model loads."""
+    (tmp_path / "fastapi").mkdir()
+    (tmp_path / "fastapi" / "__init__.py").write_text("raise ImportError('no fastapi here')\n")
+    res = subprocess.run([sys.executable, "-m", "pyllama_so.server", "-m", "missing.gguf"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert res.returncode == 1
+    assert res.stderr.splitlines() == ['server: fastapi is not installed; the server needs the server extra: '
+                                       'pip install "pyllama_so[server]"']
+
+
+# -- the endpoints against Llama --
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_equals_llama(server: Server, llm: Llama, stream: bool) -> None:
+    want = reference(llm, PROMPT, 24)
+    client = server.client()
+    if not stream:
+        out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0)
+        got = (out.choices[0].text, out.choices[0].finish_reason, out.usage.prompt_tokens, out.usage.completion_tokens)
+    else:
+        texts, finish, usage = [], None, None
+        for chunk in client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
+                                               stream_options={"include_usage": True}):
+            if chunk.choices:
+                texts.append(chunk.choices[0].text)
+                finish = chunk.choices[0].finish_reason or finish
+            usage = chunk.usage or usage
+        assert len(texts) > 2  # pieces as they came
+        assert usage is not None
+        got = ("".join(texts), finish, usage.prompt_tokens, usage.completion_tokens)
+    assert got == want
+
+
+def test_completion_to_the_end_of_the_slot_equals_llama(server: Server, llm: Llama) -> None:
+    """max_tokens null: until the slot's context is full, as Llama stops at the end of its context."""
+    prompt = unique_tokens(1, 200)
+    r = server.post("/v1/completions", {"prompt": prompt, "max_tokens": None, "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    got = (body["choices"][0]["text"], body["choices"][0]["finish_reason"], body["usage"]["prompt_tokens"],
+           body["usage"]["completion_tokens"])
+    assert got == reference(llm, prompt, None)
+    assert got[1] == "length" and got[2] + got[3] == SLOT_CTX + 1  # the last token is sent, not decoded
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_equals_llama_on_the_chatml_prompt(server: Server, llm: Llama, stream: bool) -> None:
+    """The synthetic model has no template: chatml formats the messages (llama.cpp's own code)."""
+    assert _llama.chat_apply_template("chatml", MESSAGES) == CHATML
+    want = reference(llm, llm.tokenize(CHATML, special=True), 20)
+    client = server.client()
+    if not stream:
+        out = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                             max_tokens=20, temperature=0)
+        assert out.object == "chat.completion" and out.choices[0].message.role == "assistant"
+        got = (out.choices[0].message.content, out.choices[0].finish_reason, out.usage.prompt_tokens,
+               out.usage.completion_tokens)
+    else:
+        texts, finish, usage, roles = [], None, None, []
+        for chunk in client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                                    max_tokens=20, temperature=0, stream=True,
+                                                    stream_options={"include_usage": True}):
+            if chunk.choices:
+                delta = chunk.choices[0].delta
+                roles += [delta.role] if delta.role else []
+                texts.append(delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+            usage = chunk.usage or usage
+        assert roles == ["assistant"] and usage is not None
+        got = ("".join(texts), finish, usage.prompt_tokens, usage.completion_tokens)
+    assert got == want
+
+
+def test_echo_and_max_tokens_0(server: Server, llm: Llama) -> None:
+    want = llm.create_completion(PROMPT, max_tokens=6, temperature=0.0, echo=True)["choices"][0]["text"]
+    out = server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, echo=True)
+    assert out.choices[0].text == want and want.startswith(PROMPT)
+    none = server.post("/v1/completions", {"prompt": PROMPT + " and more", "max_tokens": 0}).json()
+    assert (none["choices"][0]["text"], none["choices"][0]["finish_reason"]) == ("", "length")
+    assert none["usage"]["completion_tokens"] == 0 and none["timings"]["prompt_n"] > 0  # the prompt was evaluated
+
+
+def test_stop_string_equals_llama(server: Server, llm: Llama) -> None:
+    """A stop string met in the middle of the output: the text ends before it, finish_reason "stop",
+    streamed or not, as Llama's."""
+    full = reference(llm, PROMPT, 32)[0]
+    stop = next(full[i:i + 2] for i in range(4, len(full) - 1)
+                if full[i:i + 2].isascii() and full[i:i + 2].isprintable())
+    want = llm.create_completion(PROMPT, max_tokens=32, temperature=0.0, stop=[stop, "never"])["choices"][0]
+    assert want["finish_reason"] == "stop" and len(want["text"]) < len(full)
+    client = server.client()
+    out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=32, temperature=0, stop=[stop, "never"])
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (want["text"], "stop")
+    streamed = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=32, temperature=0, stop=stop,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == want["text"]
+
+
+def test_seeded_sampling_equals_llama(server: Server, llm: Llama) -> None:
+    """temperature, top_k, top_p, min_p and seed reach the sampler: the same seed gives Llama's tokens,
+    another seed other tokens."""
+    want = llm.create_completion(PROMPT, max_tokens=24, temperature=1.5, top_k=0, top_p=0.98, min_p=0.01,
+                                 seed=7)["choices"][0]["text"]
+    client = server.client()
+    got = [client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=1.5, top_p=0.98, seed=seed,
+                                     extra_body={"top_k": 0, "min_p": 0.01}).choices[0].text  # not in OpenAI's API
+           for seed in (7, 7, 8)]
+    assert got[0] == got[1] == want and got[2] != want
+
+
+def test_models_and_health(server: Server, tiny_model: Path) -> None:
+    models = server.client().models.list()
+    assert [m.id for m in models.data] == [tiny_model.name]
+    meta = httpx.get(f"{server.url}/v1/models").json()["data"][0]["meta"]
+    assert meta["n_ctx_slot"] == SLOT_CTX and meta["n_slots"] == 4 and "chatml" in meta["chat_template"]
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+
+
+# -- slots and batching --
+
+def test_concurrent_requests_equal_sequential(server: Server) -> None:
+    """Two greedy requests decoded in the same steps give what each gives alone. The server's step counter
+    by slot count shows that they shared steps (retried, at most 5 times, until they overlapped)."""
+    client = server.client()
+    prompts = ["Once upon a time", "In a galaxy far, far away, " * 3]
+
+    def ask(prompt: str) -> str:
+        return client.completions.create(model="tiny", prompt=prompt, max_tokens=160, temperature=0).choices[0].text
+
+    def together(prompt: str, barrier: threading.Barrier) -> str:
+        barrier.wait()
+        return ask(prompt)
+
+    alone = [ask(p) for p in prompts]
+    for _ in range(5):
+        before = server.slots()["steps_by_slots"].get("2", 0)
+        with ThreadPoolExecutor(2) as pool:
+            both = list(pool.map(together, prompts, [threading.Barrier(2)] * 2))
+        assert both == alone
+        if server.slots()["steps_by_slots"].get("2", 0) > before:
+            return
+    pytest.fail("the two requests never shared a step")
+
+
+def test_continuation_evaluates_only_the_new_tokens(server: Server, llm: Llama) -> None:
+    """A prompt that extends what a slot holds: only the new tokens are evaluated, and the answer is
+    the one from scratch."""
+    first = unique_tokens(2, 60)
+    r1 = server.post("/v1/completions", {"prompt": first, "max_tokens": 1, "temperature": 0}).json()
+    assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] <= 1  # at most BOS
+    evaluated_before = sum(s["totals"]["prompt_evaluated"] for s in server.slots()["slots"])
+    more = unique_tokens(3, 25)[1:]
+    r2 = server.post("/v1/completions", {"prompt": first + more, "max_tokens": 8, "temperature": 0}).json()
+    assert r2["usage"]["prompt_tokens"] == 84
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == 60  # the slot held the first prompt
+    assert r2["timings"]["cache_n"] == 60 and r2["timings"]["prompt_n"] == 24
+    assert sum(s["totals"]["prompt_evaluated"] for s in server.slots()["slots"]) - evaluated_before == 24
+    assert r2["choices"][0]["text"] == reference(llm, first + more, 8)[0]
+
+
+def test_chat_continuation_reuses_the_conversation(server: Server) -> None:
+    client = server.client()
+    turn1 = [{"role": "user", "content": "Tell me about continuation number 4711."}]
+    a = client.chat.completions.create(model="tiny", messages=turn1,  # type: ignore[arg-type]
+                                       max_tokens=12, temperature=0)
+    turn2 = turn1 + [{"role": "assistant", "content": a.choices[0].message.content or ""},
+                     {"role": "user", "content": "And then?"}]
+    b = client.chat.completions.create(model="tiny", messages=turn2,  # type: ignore[arg-type]
+                                       max_tokens=4, temperature=0)
+    assert b.usage is not None and a.usage is not None
+    cached = b.usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
+    assert cached >= a.usage.prompt_tokens  # the first turn's prompt (and what was generated after it)
+    assert b.model_extra and b.model_extra["timings"]["prompt_n"] == b.usage.prompt_tokens - cached
+
+
+def test_a_long_prompt_does_not_stall_a_generation(tiny_model: Path) -> None:
+    """In the engine (no HTTP): a 200-token prompt arriving while another slot generates is prefilled
+    n_ubatch tokens per step, each step also decoding the generating slot's next token; alone, a prompt
+    goes n_batch tokens per step. Both answers equal Llama's with the same batch sizes."""
+    a_prompt, b_prompt = unique_tokens(5, 20), unique_tokens(4, 200)
+    with Llama(tiny_model, n_ctx=SLOT_CTX, n_batch=64, n_ubatch=16, n_threads=2) as ref:
+        want_a, want_b = reference(ref, a_prompt, 40), reference(ref, b_prompt, 4)
+    assert want_a[3] == 40  # no end-of-generation token cuts a short
+    model = _llama.Model.load(tiny_model, n_gpu_layers=0)
+    ctx = _llama.Context(model, n_ctx=2 * SLOT_CTX, n_batch=64, n_ubatch=16, n_seq_max=2, n_threads=2)
+    steps: list[Step] = []
+    texts: dict[str, list[str]] = {"a": [], "b": []}
+    ended = {"a": threading.Event(), "b": threading.Event()}
+
+    def sink(name: str) -> Any:
+        def emit(ev: Event) -> None:
+            if isinstance(ev, (Delta, Done)):
+                texts[name].append(ev.text)
+            if not isinstance(ev, Delta):
+                ended[name].set()
+        return emit
+
+    def on_step(step: Step) -> None:  # on the engine thread, between steps
+        steps.append(step)
+        if len(steps) == 2:  # a is generating: b arrives
+            engine.submit(Job(b_prompt, sink("b"), max_tokens=4, sampling=GREEDY))
+
+    engine = Engine(ctx, on_step=on_step)
+    engine.start()
+    try:
+        engine.submit(Job(a_prompt, sink("a"), max_tokens=40, sampling=GREEDY))
+        assert ended["a"].wait(60) and ended["b"].wait(60)
+    finally:
+        engine.stop()
+        ctx.free()
+        model.free()
+    assert steps[0].items == ((0, 20, "prefill"),)  # alone: the whole prompt in one step
+    assert steps[1].items == ((0, 1, "generate"),)
+    prefill = [dict((slot, (n, kind)) for slot, n, kind in s.items) for s in steps[2:2 + 13]]
+    assert prefill == [{0: (1, "generate"), 1: (16, "prefill")}] * 12 + [{0: (1, "generate"), 1: (8, "prefill")}]
+    assert "".join(texts["a"]) == want_a[0] and "".join(texts["b"]) == want_b[0]
+
+
+def test_load_64_requests_from_8_clients(server: Server, llm: Llama) -> None:
+    """64 requests over 8 prompts (each with its own max_tokens), half streamed, from 8 threads: every
+    answer is its own prompt's, none missing; the server is alive afterwards."""
+    prompts = [f"Request number {i}: please count {'and count ' * i}" for i in range(8)]
+    want = [reference(llm, p, 4 + i)[:2] for i, p in enumerate(prompts)]
+    client = server.client()
+
+    def ask(n: int) -> tuple[int, tuple[str, str]]:
+        i = n % 8
+        if n % 2:
+            out = client.completions.create(model="tiny", prompt=prompts[i], max_tokens=4 + i, temperature=0)
+            return n, (out.choices[0].text, out.choices[0].finish_reason)
+        text, finish = "", None
+        for chunk in client.completions.create(model="tiny", prompt=prompts[i], max_tokens=4 + i, temperature=0,
+                                               stream=True):
+            text += chunk.choices[0].text
+            finish = chunk.choices[0].finish_reason or finish
+        return n, (text, finish)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = dict(pool.map(ask, range(64)))
+    assert sorted(answers) == list(range(64))
+    assert [answers[n] for n in range(64)] == [want[n % 8] for n in range(64)]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert server.slots()["queue"]["waiting"] == 0
+
+
+# -- errors --
+
+@pytest.mark.parametrize("path, body, param, code", [
+    ("/v1/completions", b'{"prompt": "Hi", "max_tokens": 4', None, None),  # not JSON
+    ("/v1/completions", b'["a list"]', None, None),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": "ten"}, "max_tokens", None),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": -1}, "max_tokens", None),
+    ("/v1/completions", {"prompt": "Hi", "temperature": "hot"}, "temperature", None),
+    ("/v1/completions", {"prompt": "Hi", "top_p": 0}, "top_p", None),
+    ("/v1/completions", {"prompt": "Hi", "stop": 3}, "stop", None),
+    ("/v1/completions", {"prompt": "Hi", "n": 2}, "n", None),
+    ("/v1/completions", {"prompt": 12}, "prompt", None),
+    ("/v1/completions", {"max_tokens": 3}, "prompt", None),
+    ("/v1/completions", {"prompt": ["one", "two"]}, "prompt", None),
+    ("/v1/completions", {"prompt": [1, 99999]}, "prompt", None),
+    ("/v1/completions", {"prompt": [1] * (SLOT_CTX + 1)}, "prompt", "context_length_exceeded"),
+    ("/v1/chat/completions", {"messages": "hello"}, "messages", None),
+    ("/v1/chat/completions", {"messages": []}, "messages", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 2 * SLOT_CTX}]}, "messages",
+     "context_length_exceeded"),
+])
+def test_bad_request_is_400_and_the_server_goes_on(server: Server, path: str, body: Any, param: str | None,
+                                                   code: str | None) -> None:
+    r = server.post(path, content=body) if isinstance(body, bytes) else server.post(path, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert error["param"] == param and error["code"] == code, error
+    ok = server.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_openai_client_raises_bad_request(server: Server) -> None:
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        server.client().completions.create(model="tiny", prompt="Hi", max_tokens=-1)
+
+
+def test_unknown_route_is_a_404_in_openai_shape(server: Server) -> None:
+    r = httpx.get(f"{server.url}/v1/engines")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One slot, a queue of one, an API key; no -m: the synthetic tiny model, written to a fresh cache."""
+    cache = tmp_path_factory.mktemp("cache")
+    with running("--synthetic", "tiny", "-np", "1", "-c", "4096", "--queue-size", "1", "--api-key", "s3cret",
+                 env={"PYLLAMA_SO_CACHE": str(cache)}, api_key="s3cret") as s:
+        yield s
+
+
+def test_default_model_is_the_synthetic_one(keyed: Server) -> None:
+    assert [m.id for m in keyed.client().models.list().data] == [f"tiny-f16-v{synth.CACHE_VERSION}.gguf"]
+
+
+@pytest.mark.parametrize("key", [None, "wrong", "s3cret2"])
+def test_wrong_api_key_is_401(keyed: Server, key: str | None) -> None:
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    for method, path in [("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/slots")]:
+        r = httpx.request(method, f"{keyed.url}{path}", headers=headers, json={"prompt": "Hi", "max_tokens": 1})
+        assert r.status_code == 401, (path, r.text)
+        assert r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{keyed.url}/health").status_code == 200  # public
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{keyed.url}/v1", api_key=key or "x", max_retries=0).models.list()
+    assert keyed.post("/v1/completions", {"prompt": "Hi", "max_tokens": 1}).status_code == 200
+
+
+def test_full_queue_is_503_and_a_disconnect_frees_the_slot(keyed: Server) -> None:
+    """One slot: a long streamed generation holds it, a second request waits, a third is refused (503).
+    Closing the stream frees the slot and the waiting request is answered."""
+    with httpx.Client(base_url=keyed.url, headers={"Authorization": "Bearer s3cret"}, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json={"prompt": "Tell a long story", "max_tokens": None,
+                                                          "temperature": 0, "stream": True}) as long:
+            lines = long.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))  # generating
+            with ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(keyed.post, "/v1/completions", {"prompt": "Hi", "max_tokens": 3})
+                deadline = time.monotonic() + 30
+                while keyed.slots()["queue"]["waiting"] != 1:
+                    assert time.monotonic() < deadline and not waiting.done()
+                    time.sleep(0.01)
+                refused = keyed.post("/v1/completions", {"prompt": "Hi", "max_tokens": 3})
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"] | {"message": ""} == {
+                    "message": "", "type": "unavailable_error", "param": None, "code": "queue_full"}
+                long.close()  # the client leaves mid-stream
+                answered = waiting.result(timeout=60)
+    assert answered.status_code == 200 and answered.json()["usage"]["completion_tokens"] == 3
+    slot = keyed.slots()["slots"][0]
+    assert slot["state"] == "idle" and slot["totals"]["generated"] < 4000  # the long one did not run to its end
+    assert re.search(r"slot 0: cancelled after \d+ prompt tokens and \d+ generated", keyed.log), keyed.log
+
+
+# -- tensor split over two CPU virtual devices --
+
+def test_tensor_split_overlap_gives_the_same_tokens(tiny_model: Path) -> None:
+    """-sm tensor over CPUV0 and CPUV1 with -so 1 answers as -so 0: a prompt of several 64-token ubatches
+    (which alternate lanes), its continuation, and a chat. The lanes ran."""
+    prompt = unique_tokens(6, 150)
+    requests = [("/v1/completions", {"prompt": prompt, "max_tokens": 16, "temperature": 0}),
+                ("/v1/completions", {"prompt": prompt + unique_tokens(7, 90)[1:], "max_tokens": 16, "temperature": 0}),
+                ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 16, "temperature": 0})]
+    results, lanes = [], []
+    for so in ("0", "1"):
+        with running("-m", str(tiny_model), "-sm", "tensor", "-fa", "on", "-so", so, "-ub", "64", "-b", "256",
+                     "-c", "1024", "-np", "2", env={"GGML_CPU_VIRTUAL_DEVICES": "2"}) as s:
+            answers = []
+            for path, body in requests:
+                r = s.post(path, body)
+                assert r.status_code == 200, r.text
+                choice = r.json()["choices"][0]
+                answers.append((choice.get("text", choice.get("message", {}).get("content")), r.json()["usage"]))
+            results.append(answers)
+            lanes.append(s.slots()["split_overlap"])
+    assert results[0] == results[1]
+    assert results[0][1][1]["prompt_tokens_details"]["cached_tokens"] == 150
+    assert lanes[0]["enabled"] is False
+    assert lanes[1]["enabled"] is True and lanes[1]["ubatches"][1] > 0, lanes[1]
