@@ -61,9 +61,24 @@ def test_fetch_selects_only_the_needed_parts() -> None:
     pats = PIN["include"]
     assert fetch.wanted("ggml/src/ggml-cuda/allreduce.cu", pats)
     assert fetch.wanted("ggml/src/ggml.c", pats)
+    assert fetch.wanted("ggml/src/ggml-rpc/ggml-rpc.cpp", pats)
+    assert fetch.wanted("tools/rpc/rpc-server.cpp", pats)
     assert not fetch.wanted("ggml/src/ggml-vulkan/ggml-vulkan.cpp", pats)
     assert not fetch.wanted("tools/server/server.cpp", pats)
     assert not fetch.wanted("ggml/src/ggml-sycl/foo.c", pats)
+
+
+def test_fetch_extracts_again_for_another_parts_list(tmp_path: Path) -> None:
+    fetch = _fetch_module()
+    pin = fetch.load_pin()
+    tree = tmp_path / "llama.cpp"
+    tree.mkdir()
+    assert not fetch.is_current(tree, pin)
+    (tree / fetch.STAMP).write_text(f"{pin['sdist_sha256']} {pin['commit']}\n")  # a tree without the parts list
+    assert not fetch.is_current(tree, pin)
+    (tree / fetch.STAMP).write_text(fetch.stamp_text(pin))
+    assert fetch.is_current(tree, pin)
+    assert not fetch.is_current(tree, {**pin, "include": pin["include"] + ["tools/server"]})
 
 
 def test_fetch_rejects_a_wrong_checksum(tmp_path: Path) -> None:

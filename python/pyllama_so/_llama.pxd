@@ -303,6 +303,7 @@ cdef class Model:
     cdef const llama_vocab * vocab
     cdef int live_contexts
     cdef readonly object path
+    cdef readonly tuple rpc_servers  # the RPC servers whose devices it uses ("host:port")
 
     @staticmethod
     cdef llama_model_params _params(int n_gpu_layers, object split_mode, int main_gpu, float * split_buf,

@@ -24,6 +24,7 @@ __all__ = [
     "Model", "Context", "devices", "backends", "system_info", "set_log_level", "upstream_version",
     "max_devices", "supports_gpu_offload", "SPLIT_MODES", "FLASH_ATTN", "CACHE_TYPES",
     "QuantizeError", "FTYPES", "quantize_model", "chat_apply_template", "chat_builtin_templates",
+    "RPCConnectionError", "rpc_supported", "rpc_endpoints", "rpc_devices", "probe_rpc_server",
 ]
 
 
@@ -186,24 +187,25 @@ _DEV_TYPES = {GGML_BACKEND_DEVICE_TYPE_CPU: "cpu", GGML_BACKEND_DEVICE_TYPE_GPU:
               GGML_BACKEND_DEVICE_TYPE_META: "meta"}
 
 
+cdef dict _device_info(size_t index, ggml_backend_dev_t dev):
+    cdef size_t free_mem, total_mem
+    ggml_backend_dev_memory(dev, &free_mem, &total_mem)
+    return {
+        "index": index,
+        "name": (<bytes> ggml_backend_dev_name(dev)).decode(),
+        "description": (<bytes> ggml_backend_dev_description(dev)).decode(),
+        "type": _DEV_TYPES.get(ggml_backend_dev_type(dev), "unknown"),
+        "backend": (<bytes> ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev))).decode(),
+        "memory_free": free_mem,
+        "memory_total": total_mem,
+    }
+
+
 def devices():
-    """Every ggml backend device: index, name, description, type, backend, memory."""
-    out = []
-    cdef size_t i, free_mem, total_mem
-    cdef ggml_backend_dev_t dev
-    for i in range(ggml_backend_dev_count()):
-        dev = ggml_backend_dev_get(i)
-        ggml_backend_dev_memory(dev, &free_mem, &total_mem)
-        out.append({
-            "index": i,
-            "name": (<bytes> ggml_backend_dev_name(dev)).decode(),
-            "description": (<bytes> ggml_backend_dev_description(dev)).decode(),
-            "type": _DEV_TYPES.get(ggml_backend_dev_type(dev), "unknown"),
-            "backend": (<bytes> ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev))).decode(),
-            "memory_free": free_mem,
-            "memory_total": total_mem,
-        })
-    return out
+    """Every ggml backend device: index, name, description, type, backend, memory (RPC servers' devices
+    are not among them: rpc_devices() lists those)."""
+    cdef size_t i
+    return [_device_info(i, ggml_backend_dev_get(i)) for i in range(ggml_backend_dev_count())]
 
 
 def backends():
@@ -417,6 +419,9 @@ cdef inline int64_t _now_ns() noexcept nogil:
     return <int64_t> ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
+include "_rpc.pxi"
+
+
 # ---------------------------------------------------------------------------------------------
 # model
 
@@ -456,7 +461,7 @@ cdef class Model:
         p.load_mode = LLAMA_LOAD_MODE_AUTO if use_mmap else LLAMA_LOAD_MODE_NONE
         p.progress_callback = _silent_progress
         if tensor_split is not None:
-            for i, v in enumerate(check_tensor_split(tensor_split)):  # split_buf has llama_max_devices() entries
+            for i, v in enumerate(check_tensor_split(tensor_split, n_devices)):  # split_buf has llama_max_devices() entries
                 split_buf[i] = v
             p.tensor_split = split_buf
         if attn_split is not None:
@@ -469,23 +474,44 @@ cdef class Model:
 
     @staticmethod
     def load(path, *, int n_gpu_layers=-1, split_mode="layer", int main_gpu=0, tensor_split=None,
-             bint use_mmap=True, progress=None, attn_split=None):
+             bint use_mmap=True, progress=None, attn_split=None, rpc_servers=None):
         """Load a GGUF file. Raises ModelLoadError for a file llama.cpp cannot load (Llama checks that it exists).
-        attn_split (split_mode "tensor" only): the attention heads' and KV cache's proportions per device."""
+        attn_split (split_mode "tensor" only): the attention heads' and KV cache's proportions per device.
+        rpc_servers ("host:port" list or comma-separated string): the devices of these RPC servers come
+        first, then the local ones (tensor_split and main_gpu count them in that order); RPCConnectionError
+        for a server that cannot be reached."""
         cdef float * split_buf = <float *> calloc(llama_max_devices(), sizeof(float))
         cdef float * attn_buf = <float *> calloc(llama_max_devices(), sizeof(float))
         cdef llama_model_params p
+        cdef vector[ggml_backend_dev_t] devs
+        cdef Model model
+        endpoints = rpc_endpoints(rpc_servers) if rpc_servers is not None else []
         progress_state = [progress, None]
         try:
+            if endpoints:
+                devs = _rpc_model_devices(endpoints, split_mode_name(split_mode))
+                if split_mode_name(split_mode) == "none" and not 0 <= main_gpu < <int> devs.size():
+                    raise ValueError(f"main_gpu {main_gpu} out of range: {devs.size()} device(s)")
+                devs.push_back(NULL)
             p = Model._params(n_gpu_layers, split_mode, main_gpu, split_buf, tensor_split, use_mmap,
-                              attn_buf, attn_split)
+                              attn_buf, attn_split, devs.size() - 1 if endpoints else None)
+            if endpoints:
+                p.devices = devs.data()
             if progress is not None:
                 p.progress_callback = _python_progress
                 p.progress_callback_user_data = <void *> progress_state
-            return Model._load(path, p)
+            model = Model._load(path, p)
+            model.rpc_servers = tuple(endpoints)
+            try:
+                _check_rpc_servers(model.rpc_servers, "loading the model")
+            except BaseException:
+                model.free()
+                raise
+            return model
         except ModelLoadError as e:
             if progress_state[1] is not None:  # the callback raised: that is the error, not the cancel
                 raise progress_state[1]
+            _check_rpc_servers(tuple(endpoints), "loading the model")  # a lost server is the cause
             if split_mode_name(split_mode) == "tensor" and gpu_device_count() == 0:
                 raise ModelLoadError(f"{e}. Tensor split needs devices other than the CPU and there is no GPU: "
                                      "set GGML_CPU_VIRTUAL_DEVICES=2 or call pyllama_so.cpu_virtual_devices(2) "
@@ -507,6 +533,7 @@ cdef class Model:
         _null_check(self.ptr, ModelLoadError, f"failed to load model from {path}")
         self.vocab = llama_model_get_vocab(self.ptr)
         self.path = str(path)
+        self.rpc_servers = ()
         return self
 
     @staticmethod
@@ -516,6 +543,7 @@ cdef class Model:
         self.ptr = ptr
         self.vocab = llama_model_get_vocab(ptr)
         self.path = None if path is None else str(path)
+        self.rpc_servers = ()
         return self
 
     cdef void _check_open(self) except *:
@@ -719,12 +747,15 @@ cdef class Context:
         _take_last_error()
         with nogil:
             self.ptr = llama_init_from_model(model.ptr, p)
+        if self.ptr == NULL:
+            _check_rpc_servers(model.rpc_servers, "creating the context")
         _null_check(self.ptr, LlamaError, "failed to create the context")
         self.model = model
         model.live_contexts += 1
         self.batch_cap = llama_n_batch(self.ptr)
         self.batch = llama_batch_init(self.batch_cap, 0, 1)
         self.rng = 0x2545F4914F6CDD1DULL
+        _check_rpc_servers(model.rpc_servers, "creating the context")  # on failure, freed with self
 
     def __dealloc__(self):
         self._release()
@@ -827,6 +858,8 @@ cdef class Context:
             self._fill_batch(toks, done, chunk, pos0, seq_id, all_logits, n - 1)
             with nogil:
                 rc = llama_decode(self.ptr, self.batch)
+            if rc != 0:  # a lost RPC server is the cause to report
+                _check_rpc_servers(self.model.rpc_servers, "decode")
             _check_decode(rc, "decode")
             for i in range(chunk):
                 if self.batch.logits[i]:
@@ -837,6 +870,8 @@ cdef class Context:
                     row += 1
             self.n_last_outputs = row
             done += chunk
+        # replies of a lost RPC server read as zeros: checked after the logits were fetched
+        _check_rpc_servers(self.model.rpc_servers, "decode")
         return out
 
     def decode_sequences(self, seqs):
@@ -901,6 +936,8 @@ cdef class Context:
             self.batch.n_tokens = n
             with nogil:
                 rc = llama_decode(self.ptr, self.batch)
+            if rc != 0:
+                _check_rpc_servers(self.model.rpc_servers, what)
             _check_decode(rc, what)
             for i in range(n):
                 if rows[start + i] >= 0:
@@ -908,6 +945,7 @@ cdef class Context:
                     if src == NULL:
                         raise DecodeError("no logits for an output token")
                     memcpy(&out_mv[rows[start + i], 0], src, n_vocab * sizeof(float))
+        _check_rpc_servers(self.model.rpc_servers, what)
         return out
 
     def split_overlap_stats(self):
@@ -984,6 +1022,7 @@ cdef class Context:
             t1 = _now_ns()
             if rc == 0:
                 llama_synchronize(self.ptr)
+        _check_rpc_servers(self.model.rpc_servers, "prompt run")
         _check_decode(rc, "prompt run")
         return t1 - t0 if n_prompt > 0 else 0
 
@@ -1015,6 +1054,7 @@ cdef class Context:
                 llama_synchronize(self.ptr)
                 pos += 1
                 tok = self._rand_token(n_vocab)
+        _check_rpc_servers(self.model.rpc_servers, "generation run")
         _check_decode(rc, "generation run")
         return host_ns
 

@@ -77,6 +77,14 @@ flash_attn = rule(_llama.flash_attn_name)
 cache_type = rule(_llama.cache_type_name)
 
 
+rpc_servers = rule(_llama.rpc_endpoints)
+
+
+def rpc_server_lists(text: str) -> list[list[str]]:
+    """The bench's --rpc: one list of servers for every run (its commas separate servers, as llama-bench's)."""
+    return [rpc_servers(text)]
+
+
 def boolean(text: str) -> bool:
     key = text.lower()
     if key not in BOOL:
@@ -84,17 +92,31 @@ def boolean(text: str) -> bool:
     return BOOL[key]
 
 
-def _proportions(text: str, sep: str, check: Callable[[list[float]], list[float]], what: str,
+def _proportions(text: str, sep: str, check: Callable[[list[float], int], list[float]], what: str,
                  example: str) -> tuple[float, ...]:
-    """Proportions per device separated by sep, checked by the bindings' rule (as Llama checks them)."""
+    """Proportions per device separated by sep, checked by the bindings' rule (as Llama checks them). The
+    number of entries is checked only against llama.cpp's maximum: how many devices there are is known
+    to the tool, after --rpc (check_device_count)."""
     try:
         values = [float(v) for v in text.split(sep)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad {what} {text!r}; expected e.g. {example}") from None
     try:
-        return tuple(check(values))
+        return tuple(check(values, _llama.max_devices()))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def check_device_count(ap: argparse.ArgumentParser, flag: str, splits: list[tuple[float, ...]],
+                       check: Callable[[list[float]], list[float]]) -> None:
+    """At most one entry per local device in each split of a flag (-ts, -as), as argparse reports an error
+    (exit status 2). Tools skip it with --rpc: the servers' devices count too, once connected."""
+    for split in splits:
+        if split:  # () follows the default
+            try:
+                check(list(split))
+            except ValueError as e:
+                ap.error(f"argument {flag}: {e}")
 
 
 def tensor_split(text: str) -> tuple[float, ...]:
@@ -202,6 +224,10 @@ MODEL_FLAGS: tuple[Flag, ...] = (
     Flag(("-so", "--split-overlap"), "SPLIT_OVERLAP", boolean,
          "alternate prompt ubatches between two lanes (0/1; -sm tensor only)", "0", "0|1",
          alternatives_help="comma list: each value runs; combinations without -sm tensor are skipped"),
+    Flag(("-rpc", "--rpc"), "RPC", rpc_servers,
+         "use the devices of these RPC servers, host:port,... (python -m pyllama_so.rpc_server); they come "
+         "before the local devices, and -ts and -mg count them", metavar="SERVERS", alternatives=rpc_server_lists,
+         alternatives_help="one list for every run"),
 )
 
 
@@ -239,3 +265,8 @@ def add_model_args(ap: argparse.ArgumentParser, *, lists: bool = False, syntheti
     if synthetic_shapes:
         ap.add_argument("--synthetic", default="small", choices=list(synthetic_shapes),
                         help="shape of the synthetic model used without -m (default small)")
+
+
+def add_rpc_argument(ap: argparse.ArgumentParser) -> None:
+    """Only the table's --rpc (python -m pyllama_so info)."""
+    add_model_args(ap, skip=[f.dest for f in MODEL_FLAGS if f.dest != "rpc"])

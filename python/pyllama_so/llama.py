@@ -54,6 +54,13 @@ class Llama:
     on lane 0. Each lane reserves its own compute buffers. Without split_mode="tensor" it is a
     ValueError; where the library keeps the lanes off (e.g. not every layer on the split devices),
     a UserWarning says why. split_overlap_stats() tells what ran; docs/multi-gpu.md has the details.
+
+    rpc_servers: llama.cpp's RPC backend, devices of other machines ("host:port" of each
+    `python -m pyllama_so.rpc_server`, a list or a comma-separated string as llama.cpp's --rpc). Their
+    devices come first, then the local ones; tensor_split and main_gpu count them in that order. A server
+    that cannot be reached is an RPCConnectionError (a ConnectionError) before the model loads; one that
+    goes away later makes the next eval or generation step raise it (docs/multi-gpu.md, "More than one
+    machine").
     """
 
     # defaults for close() and __del__ when __init__ never ran (a misspelled keyword)
@@ -78,6 +85,7 @@ class Llama:
         type_k: str | int = "f16",
         type_v: str | int = "f16",
         split_overlap: bool = False,
+        rpc_servers: str | Sequence[str] | None = None,
         use_mmap: bool = True,
         seed: int | None = None,
         verbose: bool = False,
@@ -86,8 +94,11 @@ class Llama:
         mode = _llama.split_mode_name(split_mode)
         fa = _llama.flash_attn_name(flash_attn)
         tk, tv = _llama.cache_type_name(type_k, "type_k"), _llama.cache_type_name(type_v, "type_v")
-        split = None if tensor_split is None else _llama.check_tensor_split(tensor_split)
-        attn = None if attn_split is None else _llama.check_attn_split(attn_split)
+        servers = None if rpc_servers is None else _llama.rpc_endpoints(rpc_servers)
+        # with RPC servers the device count is known once connected: Model.load checks the lengths then
+        n_devices = None if servers is None else _llama.max_devices()
+        split = None if tensor_split is None else _llama.check_tensor_split(tensor_split, n_devices)
+        attn = None if attn_split is None else _llama.check_attn_split(attn_split, n_devices)
         if attn is not None and mode != "tensor":
             raise ValueError(f'attn_split needs split_mode="tensor" (got split_mode={mode!r}): it splits the '
                              "attention heads of tensor split")
@@ -97,7 +108,7 @@ class Llama:
             n_ubatch = _llama.default_n_ubatch(n_batch, split_overlap)
         _llama.check_batch_sizes(n_batch, n_ubatch)
         n_gpus = _llama.gpu_device_count()
-        if n_gpus and not 0 <= main_gpu < n_gpus:
+        if n_gpus and servers is None and not 0 <= main_gpu < n_gpus:
             raise ValueError(f"main_gpu {main_gpu} out of range: {n_gpus} GPU device(s)")
         if not isinstance(split_overlap, bool):
             raise TypeError("split_overlap must be a bool")
@@ -114,7 +125,8 @@ class Llama:
         _llama.set_verbose(verbose)
 
         self._model = _llama.Model.load(path, n_gpu_layers=n_gpu_layers, split_mode=mode, main_gpu=main_gpu,
-                                        tensor_split=split, use_mmap=use_mmap, attn_split=attn)
+                                        tensor_split=split, use_mmap=use_mmap, attn_split=attn,
+                                        rpc_servers=servers)
         try:
             cpus = os.cpu_count() or 1  # llama-cpp-python's defaults: half the CPUs for generation, all for batches
             self._ctx = _llama.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,

@@ -23,7 +23,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pyllama_so.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     d = DEFAULTS
-    A.add_model_args(ap, lists=True, synthetic_shapes=list(SHAPES))  # -m -b -ub -ngl -sm -mg -ts -as -fa ... -so
+    A.add_model_args(ap, lists=True, synthetic_shapes=list(SHAPES))  # -m -b -ub -ngl -sm -mg -ts -as -fa ... -so --rpc
     ap.add_argument("-p", "--n-prompt", type=A.comma_list(A.non_negative_int), default=d.n_prompt)
     ap.add_argument("-n", "--n-gen", type=A.comma_list(A.non_negative_int), default=d.n_gen)
     ap.add_argument("-pg", type=A.pp_tg_pair, action="append", default=[], metavar="PP,TG",
@@ -63,7 +63,7 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
         n_batch=ns.batch_size, n_ubatch=ns.ubatch_size, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode,
         main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], attn_split=_attn_split_arg(ns.attn_split), flash_attn=ns.flash_attn,
         type_k=ns.cache_type_k, type_v=ns.cache_type_v, n_threads=ns.threads, split_overlap=ns.split_overlap,
-        repetitions=ns.repetitions, warmup_runs=warmup_runs(ns))
+        repetitions=ns.repetitions, warmup_runs=warmup_runs(ns), rpc_servers=tuple(ns.rpc[0]) if ns.rpc else ())
 
 
 def _attn_split_arg(value: object) -> list[tuple[float, ...]]:
@@ -77,7 +77,9 @@ def _attn_split_arg(value: object) -> list[tuple[float, ...]]:
 
 
 def check_combinations(params: BenchParams) -> None:
-    """Every combination by Llama's rules (ValueError), so that none fails after others have run."""
+    """Every combination by Llama's rules (ValueError), so that none fails after others have run. With RPC
+    servers the device count is checked when the model loads."""
+    n_devices = _llama.max_devices() if params.rpc_servers else None
     for b, ub in sorted({(cp.n_batch, cp.n_ubatch) for cp in params.context_params()}):
         try:
             _llama.check_batch_sizes(b, ub)
@@ -85,10 +87,10 @@ def check_combinations(params: BenchParams) -> None:
             raise ValueError(f"-b {b} -ub {ub}: {e}") from None
     for ts in params.tensor_split:
         if ts:  # () is the default split
-            _llama.check_tensor_split(ts)
+            _llama.check_tensor_split(ts, n_devices)
     for as_ in params.attn_split:
         if as_:
-            _llama.check_attn_split(as_)
+            _llama.check_attn_split(as_, n_devices)
 
 
 def error(message: str) -> None:
@@ -108,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    ns = parser().parse_args(argv)
+    ap = parser()
+    ns = ap.parse_args(argv)
+    if not ns.rpc:
+        A.check_device_count(ap, "-ts/--tensor-split", ns.tensor_split or [], _llama.check_tensor_split)
+        A.check_device_count(ap, "-as/--attn-split", _attn_split_arg(ns.attn_split), _llama.check_attn_split)
     _llama.set_log_level("info" if ns.verbose else "error")
     try:
         warmup_runs(ns)  # checked before a synthetic model may be written
@@ -134,7 +140,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         for result in run_benchmarks(params, progress=not ns.no_progress):
             printer.result(result)
-    except (_llama.LlamaError, ValueError) as e:
+    except (_llama.LlamaError, _llama.RPCConnectionError, ValueError) as e:
         error(f"error: {e}")
         return 1
     finally:

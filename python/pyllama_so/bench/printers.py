@@ -23,14 +23,14 @@ def attn_split_str(a: tuple[float, ...]) -> str:
 
 def fields(r: TestResult) -> dict[str, Any]:
     """One result as llama-bench's JSON fields (plus ours: warmup_runs, allreduce_calls, split_overlap,
-    host_ms_per_ubatch; markdown shows none of them, as llama-bench's table)."""
+    host_ms_per_ubatch, rpc_servers; markdown shows none of them, as llama-bench's table)."""
     return {
         "build_commit": _build_info.UPSTREAM_COMMIT[:9],
         "build_number": 0,
         "pyllama_so_version": __version__,
         "cpu_info": cpu_info(),
         "gpu_info": gpu_info(),
-        "backends": backend_name(),
+        "backends": backend_name(bool(r.model.rpc_servers)),
         "model_filename": r.model.model,
         "model_type": r.model_type,
         "model_size": r.model_size,
@@ -60,6 +60,7 @@ def fields(r: TestResult) -> dict[str, Any]:
         "allreduce_calls": r.allreduce_calls,
         "split_overlap": r.split_overlap,
         "host_ms_per_ubatch": r.host_ms_per_ubatch,
+        "rpc_servers": list(r.model.rpc_servers),
     }
 
 
@@ -134,10 +135,11 @@ class MarkdownPrinter(Printer):
     ]
 
     def header(self) -> None:
-        cpu = backend_name() == "CPU"
+        cpu = backend_name(bool(self.params.rpc_servers)) == "CPU"
         self.cols: list[tuple[str, Any]] = [
             ("model", lambda r: r.model_type), ("size", lambda r: _size(r.model_size)),
-            ("params", lambda r: _params(r.model_n_params)), ("backend", lambda r: backend_name())]
+            ("params", lambda r: _params(r.model_n_params)),
+            ("backend", lambda r: backend_name(bool(r.model.rpc_servers)))]
         if not cpu:
             self.cols.append(("ngl", lambda r: str(r.model.n_gpu_layers)))
         for title, axis, get in self.OPTIONAL:

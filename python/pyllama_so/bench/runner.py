@@ -37,6 +37,7 @@ class ModelParams:
     main_gpu: int
     tensor_split: tuple[float, ...]
     attn_split: tuple[float, ...] = ()  # () follows tensor_split
+    rpc_servers: tuple[str, ...] = ()  # their devices come first
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,12 @@ class BenchParams:
     split_overlap: list[bool] = field(default_factory=lambda: [False])
     repetitions: int = 5
     warmup_runs: int = 1  # llama-bench's procedure; 0 is --no-warmup
+    rpc_servers: tuple[str, ...] = ()  # one set for every run, as llama-bench's --rpc
 
     def model_params(self) -> Iterator[ModelParams]:
         for m, ngl, sm, mg, ts, as_ in itertools.product(self.models, self.n_gpu_layers, self.split_mode,
                                                          self.main_gpu, self.tensor_split, self.attn_split):
-            yield ModelParams(m, ngl, sm, mg, ts, as_)
+            yield ModelParams(m, ngl, sm, mg, ts, as_, self.rpc_servers)
 
     def context_params(self) -> Iterator[ContextParams]:
         for b, ub, t, fa, tk, tv, so in itertools.product(self.n_batch, self.n_ubatch or [None], self.n_threads,
@@ -179,9 +181,9 @@ class TestResult:
 # Machine facts, cached since the printers ask on every row. Devices registered later in the
 # process (CPU virtual devices, which only the tests add) are not seen here.
 @functools.cache
-def backend_name() -> str:
-    """As llama-bench: the non-CPU backends with devices, else CPU."""
-    names = [b for b in _llama.backends() if b != "CPU"]
+def backend_name(rpc: bool = False) -> str:
+    """As llama-bench: the non-CPU backends with devices, then RPC when RPC servers are used, else CPU."""
+    names = [b for b in _llama.backends() if b != "CPU"] + (["RPC"] if rpc else [])
     return ",".join(names) if names else "CPU"
 
 
@@ -306,7 +308,8 @@ def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestR
             continue
         model = _llama.Model.load(mp.model, n_gpu_layers=mp.n_gpu_layers, split_mode=mp.split_mode,
                                   main_gpu=mp.main_gpu, tensor_split=list(mp.tensor_split) or None,
-                                  attn_split=list(mp.attn_split) or None)
+                                  attn_split=list(mp.attn_split) or None,
+                                  rpc_servers=list(mp.rpc_servers) or None)
         try:
             label = model_label(model)
             for cp in contexts:

@@ -88,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    ns = parser().parse_args(argv)
+    ap = parser()
+    ns = ap.parse_args(argv)
+    if not ns.rpc:  # with RPC servers the model load counts their devices too
+        A.check_device_count(ap, "-ts/--tensor-split", [ns.tensor_split or ()], _llama.check_tensor_split)
+        A.check_device_count(ap, "-as/--attn-split", [ns.attn_split or ()], _llama.check_attn_split)
     missing = missing_extra()
     if missing:
         print(f"server: {missing} is not installed; the server needs the server extra: {EXTRA}", file=sys.stderr)
@@ -125,7 +129,7 @@ def serve(ns: argparse.Namespace, path: Path) -> int:
     from pyllama_so.server.engine import Engine
 
     model = _llama.Model.load(path, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode, main_gpu=ns.main_gpu,
-                              tensor_split=ns.tensor_split, attn_split=ns.attn_split)
+                              tensor_split=ns.tensor_split, attn_split=ns.attn_split, rpc_servers=ns.rpc)
     ctx = None
     try:
         ctx = _llama.Context(model, n_ctx=ns.ctx_size, n_batch=ns.batch_size,
