@@ -494,3 +494,15 @@ def test_tensor_split_overlap_gives_the_same_tokens(tiny_model: Path) -> None:
     assert results[0][1][1]["prompt_tokens_details"]["cached_tokens"] == 150
     assert lanes[0]["enabled"] is False
     assert lanes[1]["enabled"] is True and lanes[1]["ubatches"][1] > 0, lanes[1]
+
+
+def test_port_rule_is_shared_by_the_server_and_the_rpc_server() -> None:
+    """args.tcp_port: the server allows 0 (any free port), the RPC server starts at 1; both stop at 65535."""
+    import argparse
+
+    from pyllama_so import args as A
+
+    assert A.tcp_port(0)("0") == 0 and A.tcp_port(1)("65535") == 65535
+    for low, text in ((1, "0"), (0, "65536"), (0, "x")):
+        with pytest.raises(argparse.ArgumentTypeError):
+            A.tcp_port(low)(text)

@@ -51,6 +51,16 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1)
 
 
+def tcp_port(low: int) -> Callable[[str], int]:
+    """A TCP port in low..65535 (low 0 where 0 means any free port)."""
+    def parse(text: str) -> int:
+        value = _int_at_least(text, low)
+        if value > 65535:
+            raise argparse.ArgumentTypeError(f"expected a port in {low}..65535, got {value}")
+        return value
+    return parse
+
+
 def gpu_layers(text: str) -> int:
     """-ngl: a count, or -1 / 'all' for every layer."""
     if text in ("all", "-1"):

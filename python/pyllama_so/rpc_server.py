@@ -41,19 +41,12 @@ def ipv4_address(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected an IPv4 address such as 127.0.0.1 or 0.0.0.0, got {text!r}") from None
 
 
-def port(text: str) -> int:
-    value = A.positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"expected a port in 1..65535, got {value}")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pyllama_so.rpc_server", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-H", "--host", type=ipv4_address, default="127.0.0.1",
                     help="address to listen on (default 127.0.0.1: this machine only)")
-    ap.add_argument("-p", "--port", type=port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    ap.add_argument("-p", "--port", type=A.tcp_port(1), default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     ap.add_argument("-d", "--device", type=A.comma_list(str), metavar="DEV[,DEV...]",
                     help="devices to lend, by name as `python -m pyllama_so info` lists them (default: every "
                          "GPU, or the CPU when there is none)")

@@ -25,13 +25,6 @@ EXTRA = 'pip install "pyllama_so[server]"'
 log = logging.getLogger("pyllama_so.server")
 
 
-def port(text: str) -> int:
-    value = A.non_negative_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"expected a port 0..65535, got {value}")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pyllama_so.server", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -45,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
                     help="requests that may wait for a slot; more get 503 (default 64)")
     ap.add_argument("--host", default=A.env_default("HOST", "127.0.0.1"),
                     help="address to listen on (env LLAMA_ARG_HOST; default 127.0.0.1, loopback only)")
-    ap.add_argument("--port", type=port, default=A.env_default("PORT", "8080"),
+    ap.add_argument("--port", type=A.tcp_port(0), default=A.env_default("PORT", "8080"),
                     help="0: any free port, logged at start (env LLAMA_ARG_PORT; default 8080)")
     ap.add_argument("--api-key", default=os.environ.get("LLAMA_API_KEY") or None, metavar="KEY",
                     help="require 'Authorization: Bearer KEY' everywhere but /health (env LLAMA_API_KEY)")
