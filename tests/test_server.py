@@ -500,8 +500,6 @@ def test_port_rule_is_shared_by_the_server_and_the_rpc_server() -> None:
     """args.tcp_port: the server allows 0 (any free port), the RPC server starts at 1; both stop at 65535."""
     import argparse
 
-    from pyllama_so import args as A
-
     assert A.tcp_port(0)("0") == 0 and A.tcp_port(1)("65535") == 65535
     for low, text in ((1, "0"), (0, "65536"), (0, "x")):
         with pytest.raises(argparse.ArgumentTypeError):
