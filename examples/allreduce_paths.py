@@ -21,22 +21,12 @@ import argparse
 import math
 from pathlib import Path
 
-import pyllama_so
 from pyllama_so import Llama, allreduce, synth
 from pyllama_so.allreduce import AllReduceStats
 
+from _devices import tensor_split_devices  # examples/_devices.py
+
 SETTINGS: dict[str, bool | None] = {"auto": None, "forced": True}  # configure_allreduce(copy_engines=...)
-
-
-def tensor_split_devices() -> list[float] | None:
-    """The tensor_split to use: None (every GPU) with two GPUs or more; otherwise two CPU virtual devices
-    are made and get all the work (llama.cpp lists GPUs first, so a single GPU gets 0)."""
-    gpus = sum(d["type"] in ("gpu", "igpu") for d in pyllama_so.devices())
-    if gpus >= 2:
-        return None
-    pyllama_so.cpu_virtual_devices(2)
-    print(f"{gpus} GPU(s) found: running on two CPU virtual devices instead")
-    return [0.0] * gpus + [1.0, 1.0]
 
 
 def calls_since(before: AllReduceStats) -> dict[str, int]:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import pyllama_so
 from pyllama_so import Llama, synth
+
+from _devices import tensor_split_devices  # examples/_devices.py
 
 DEFAULT_PROMPT = " ".join([
     "Tensor parallelism splits every weight matrix of a transformer across the GPUs, so that each GPU",
@@ -30,17 +31,6 @@ DEFAULT_PROMPT = " ".join([
     "and a lane waits only where the other lane last wrote the state it reads. The output is bitwise the",
     "same as without it; only the time changes. Here is a short story about two GPUs sharing one prompt:",
 ])
-
-
-def tensor_split_devices() -> list[float] | None:
-    """The tensor_split to use: None (every GPU) with two GPUs or more; otherwise two CPU virtual devices
-    are made and get all the work (llama.cpp lists GPUs first, so a single GPU gets 0)."""
-    gpus = sum(d["type"] in ("gpu", "igpu") for d in pyllama_so.devices())
-    if gpus >= 2:
-        return None
-    pyllama_so.cpu_virtual_devices(2)
-    print(f"{gpus} GPU(s) found: running on two CPU virtual devices instead")
-    return [0.0] * gpus + [1.0, 1.0]
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ def run_example(name: str, *args: str | Path, cwd: Path | None = None) -> str:
 
 
 def test_every_example_has_a_docstring_that_says_how_to_run_it() -> None:
-    examples = sorted(EXAMPLES.glob("*.py"))
+    examples = sorted(p for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))  # _devices.py: shared helper
     assert {p.name for p in examples} == {"generate.py", "allreduce_paths.py", "ubatch_sweep.py"}
     for path in examples:
         assert f"python examples/{path.name}" in path.read_text().split('"""')[1], path.name
@@ -77,6 +77,7 @@ def test_ubatch_sweep_without_matplotlib_says_what_to_install(tiny_model: Path) 
     """Checked before any benchmark runs: one line and exit status 1."""
     code = ("import runpy, sys; sys.modules['matplotlib'] = None; "  # None in sys.modules: import fails
             f"sys.argv = ['ubatch_sweep.py', '--model', {str(tiny_model)!r}]; "
+            f"sys.path.insert(0, {str(EXAMPLES)!r}); "  # as `python examples/ubatch_sweep.py` has it
             f"runpy.run_path({str(EXAMPLES / 'ubatch_sweep.py')!r}, run_name='__main__')")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 1, res.stdout + res.stderr
