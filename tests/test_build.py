@@ -194,3 +194,17 @@ def test_ci_runs_both_readme_commands_literally() -> None:
     ci_lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
     for command in commands:
         assert command in ci_lines, f"{command!r} is not run by .ci/run"
+
+
+def test_no_negative_index_where_wraparound_is_off() -> None:
+    # with wraparound=False Cython may hand x[-1] to the object's item slot unadjusted: numpy then
+    # reads a wrong element or raises, depending on the Cython version (seen on a GPU machine's build)
+    sources = sorted((REPO / "python").rglob("*.pyx")) + sorted((REPO / "python").rglob("*.pxi"))
+    assert sources
+    for src in sources:
+        text = src.read_text()
+        if src.suffix == ".pyx" and "wraparound=False" not in text.splitlines()[0]:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            code = line.split("#", 1)[0]
+            assert not re.search(r"\[\s*-\s*\d", code), f"{src.name}:{n}: negative index: {line.strip()}"

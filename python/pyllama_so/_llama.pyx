@@ -912,12 +912,13 @@ cdef class Context:
                                        f"{n_ctx_seq} tokens")
         # flat per-token arrays: token, sequence, position, and the output row (-1: no logits)
         ends = np.cumsum(lengths)
+        n_total = int(lengths.sum())  # not ends[-1]: this module compiles with wraparound=False
         cdef int32_t[::1] tok = np.concatenate(arrays).astype(np.int32)
         cdef int32_t[::1] seq = np.repeat(np.array(ids, dtype=np.int32), lengths)
-        cdef int32_t[::1] pos = (np.arange(ends[-1]) - np.repeat(ends - lengths, lengths)
+        cdef int32_t[::1] pos = (np.arange(n_total) - np.repeat(ends - lengths, lengths)
                                  + np.repeat(pos0, lengths)).astype(np.int32)
         want = np.array([w for _, _, w in items], dtype=bool)
-        rows_np = np.full(ends[-1], -1, dtype=np.int32)
+        rows_np = np.full(n_total, -1, dtype=np.int32)
         rows_np[ends[want] - 1] = np.arange(int(want.sum()), dtype=np.int32)
         cdef int32_t[::1] rows = rows_np
         cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
