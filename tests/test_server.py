@@ -23,6 +23,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from cuda_devices import cuda_device_count
 from pyllama_so import Llama, _llama, synth
 from pyllama_so import args as A
 from pyllama_so.bench.__main__ import parser as bench_parser
@@ -132,8 +133,10 @@ def test_without_the_server_extra_names_it(tmp_path: Path) -> None:
     """A fastapi that cannot be imported: one line naming the extra, status 1, before any model loads."""
     (tmp_path / "fastapi").mkdir()
     (tmp_path / "fastapi" / "__init__.py").write_text("raise ImportError('no fastapi here')\n")
+    # first on the path, ahead of any PYTHONPATH the package itself comes from (as on the GPU machines)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
     res = subprocess.run([sys.executable, "-m", "pyllama_so.server", "-m", "missing.gguf"], capture_output=True,
-                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": path})
     assert res.returncode == 1
     assert res.stderr.splitlines() == ['server: fastapi is not installed; the server needs the server extra: '
                                        'pip install "pyllama_so[server]"']
@@ -469,19 +472,19 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(keyed: Server) -> Non
     assert re.search(r"slot 0: cancelled after \d+ prompt tokens and \d+ generated", keyed.log), keyed.log
 
 
-# -- tensor split over two CPU virtual devices --
+# -- tensor split with and without split overlap --
 
-def test_tensor_split_overlap_gives_the_same_tokens(tiny_model: Path) -> None:
-    """-sm tensor over CPUV0 and CPUV1 with -so 1 answers as -so 0: a prompt of several 64-token ubatches
-    (which alternate lanes), its continuation, and a chat. The lanes ran."""
+def answers_with_and_without_split_overlap(model: Path, env: dict[str, str]) -> None:
+    """-sm tensor with -so 1 answers as -so 0: a prompt of several 64-token ubatches (which alternate
+    lanes), its continuation, and a chat. The lanes ran."""
     prompt = unique_tokens(6, 150)
     requests = [("/v1/completions", {"prompt": prompt, "max_tokens": 16, "temperature": 0}),
                 ("/v1/completions", {"prompt": prompt + unique_tokens(7, 90)[1:], "max_tokens": 16, "temperature": 0}),
                 ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 16, "temperature": 0})]
     results, lanes = [], []
     for so in ("0", "1"):
-        with running("-m", str(tiny_model), "-sm", "tensor", "-fa", "on", "-so", so, "-ub", "64", "-b", "256",
-                     "-c", "1024", "-np", "2", env={"GGML_CPU_VIRTUAL_DEVICES": "2"}) as s:
+        with running("-m", str(model), "-sm", "tensor", "-fa", "on", "-so", so, "-ub", "64", "-b", "256",
+                     "-c", "1024", "-np", "2", env=env) as s:
             answers = []
             for path, body in requests:
                 r = s.post(path, body)
@@ -494,6 +497,20 @@ def test_tensor_split_overlap_gives_the_same_tokens(tiny_model: Path) -> None:
     assert results[0][1][1]["prompt_tokens_details"]["cached_tokens"] == 150
     assert lanes[0]["enabled"] is False
     assert lanes[1]["enabled"] is True and lanes[1]["ubatches"][1] > 0, lanes[1]
+
+
+def test_tensor_split_overlap_gives_the_same_tokens(tiny_model: Path) -> None:
+    """Over CPUV0 and CPUV1."""
+    answers_with_and_without_split_overlap(tiny_model, {"GGML_CPU_VIRTUAL_DEVICES": "2"})
+
+
+@pytest.mark.gpu
+def test_gpu_tensor_split_overlap_gives_the_same_tokens(tiny_model: Path) -> None:
+    """Over two CUDA devices (two GPUs, else two devices of one), the copy-engine AllReduce forced."""
+    env = {"GGML_CUDA_AR_CE": "1"}
+    if cuda_device_count() < 2:
+        env["GGML_CUDA_DEVICES"] = "2"
+    answers_with_and_without_split_overlap(tiny_model, env)
 
 
 def test_port_rule_is_shared_by_the_server_and_the_rpc_server() -> None:
