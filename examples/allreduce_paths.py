@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 
-from pyllama_so import Llama, allreduce, synth
+from pyllama_so import Llama, allreduce
 from pyllama_so.allreduce import AllReduceStats
 
-from _devices import tensor_split_devices  # examples/_devices.py
+from _setup import add_model_args, model_path, tensor_split_devices  # examples/_setup.py
 
 SETTINGS: dict[str, bool | None] = {"auto": None, "forced": True}  # configure_allreduce(copy_engines=...)
 
@@ -37,15 +36,13 @@ def calls_since(before: AllReduceStats) -> dict[str, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, help="GGUF model file (default: the cached synthetic model)")
-    ap.add_argument("--synthetic", default="small", choices=list(synth.SHAPES),
-                    help="shape of the synthetic model used without --model (default small)")
+    add_model_args(ap)
     ap.add_argument("--prompt-tokens", type=int, default=1024, help="prompt length in tokens (default 1024)")
     ap.add_argument("--decode-tokens", type=int, default=8, help="single tokens decoded after the prompt (default 8)")
     ap.add_argument("--n-ubatch", type=int, default=512, help="tokens per ubatch (default 512)")
     args = ap.parse_args()
 
-    model = args.model or synth.cached_model(args.synthetic, "f16")
+    model = model_path(args)
     split = tensor_split_devices()
     if not allreduce.allreduce_available():
         print("this build has no CUDA backend: the counters stay at 0")

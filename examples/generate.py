@@ -15,11 +15,10 @@ text is gibberish; give --model a real GGUF file for words.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from pyllama_so import Llama, synth
+from pyllama_so import Llama
 
-from _devices import tensor_split_devices  # examples/_devices.py
+from _setup import add_model_args, model_path, tensor_split_devices  # examples/_setup.py
 
 DEFAULT_PROMPT = " ".join([
     "Tensor parallelism splits every weight matrix of a transformer across the GPUs, so that each GPU",
@@ -35,9 +34,7 @@ DEFAULT_PROMPT = " ".join([
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, help="GGUF model file (default: the cached synthetic model)")
-    ap.add_argument("--synthetic", default="small", choices=list(synth.SHAPES),
-                    help="shape of the synthetic model used without --model (default small)")
+    add_model_args(ap)
     ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="default: a paragraph of several ubatches")
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens to generate (default 32)")
     ap.add_argument("--n-ubatch", type=int, default=64,
@@ -45,7 +42,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1, help="sampling seed (default 1)")
     args = ap.parse_args()
 
-    model = args.model or synth.cached_model(args.synthetic, "f16")
+    model = model_path(args)
     split = tensor_split_devices()
     with Llama(model, split_mode="tensor", split_overlap=True, tensor_split=split, flash_attn=True,
                n_ubatch=args.n_ubatch) as llm:

@@ -18,11 +18,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import pyllama_so
-from pyllama_so import synth
 from pyllama_so.bench import BenchParams, TestResult, run_benchmarks
 
-from _devices import tensor_split_devices  # examples/_devices.py
+from _setup import add_model_args, model_path, tensor_split_devices  # examples/_setup.py
 
 
 def int_list(text: str) -> list[int]:
@@ -63,9 +61,7 @@ def plot(results: list[TestResult], title: str, output: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, help="GGUF model file (default: the cached synthetic model)")
-    ap.add_argument("--synthetic", default="small", choices=list(synth.SHAPES),
-                    help="shape of the synthetic model used without --model (default small)")
+    add_model_args(ap)
     ap.add_argument("--n-prompt", type=int, default=2048, help="prompt tokens per run (default 2048)")
     ap.add_argument("--ubatch", type=int_list, default=[128, 256, 512, 1024, 2048],
                     help="comma list of ubatch sizes (default 128,256,512,1024,2048)")
@@ -78,7 +74,7 @@ def main() -> int:
         print('ubatch_sweep: the plot needs matplotlib: python -m pip install "pyllama_so[plot]"', file=sys.stderr)
         return 1
 
-    model = args.model or synth.cached_model(args.synthetic, "f16")
+    model = model_path(args)
     split = tensor_split_devices()
     params = BenchParams(
         models=[str(model)], n_prompt=[args.n_prompt], n_gen=[0], n_batch=[max(args.ubatch)], n_ubatch=args.ubatch,

@@ -29,7 +29,7 @@ def run_example(name: str, *args: str | Path, cwd: Path | None = None) -> str:
 
 
 def test_every_example_has_a_docstring_that_says_how_to_run_it() -> None:
-    examples = sorted(p for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))  # _devices.py: shared helper
+    examples = sorted(p for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))  # _setup.py: shared helpers
     assert {p.name for p in examples} == {"generate.py", "allreduce_paths.py", "ubatch_sweep.py"}
     for path in examples:
         assert f"python examples/{path.name}" in path.read_text().split('"""')[1], path.name
