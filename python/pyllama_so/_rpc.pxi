@@ -15,7 +15,6 @@ cdef extern from "ggml-rpc.h" nogil:
     enum:
         RPC_PROTO_MAJOR_VERSION
         RPC_PROTO_MINOR_VERSION
-        RPC_PROTO_PATCH_VERSION
 
 cdef extern from "ggml-backend.h" nogil:
     ctypedef struct ggml_backend_buffer_type:
@@ -35,7 +34,6 @@ cdef enum:
     _RPC_CONNECTED = 1
     _RPC_LOST = 2
 
-RPC_PROTOCOL = (RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION, RPC_PROTO_PATCH_VERSION)
 RPC_CONNECT_TIMEOUT_S = 5.0  # for the connection and the server's HELLO reply
 
 # The client's first message (ggml-rpc.cpp): command RPC_CMD_HELLO (14, fixed across protocol versions),

@@ -54,8 +54,3 @@ class TextStream:
             self._text += self._decoder.decode(b"", final=True)
         out, self._sent = self._text[self._sent:], len(self._text)
         return out
-
-    @property
-    def text(self) -> str:
-        """All the text so far, held-back part included."""
-        return self._text

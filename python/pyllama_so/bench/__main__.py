@@ -61,19 +61,9 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
     return BenchParams(
         models=models, n_prompt=ns.n_prompt, n_gen=ns.n_gen, pg=ns.pg, n_depth=ns.n_depth,
         n_batch=ns.batch_size, n_ubatch=ns.ubatch_size, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode,
-        main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], attn_split=_attn_split_arg(ns.attn_split), flash_attn=ns.flash_attn,
+        main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], attn_split=ns.attn_split or [()], flash_attn=ns.flash_attn,
         type_k=ns.cache_type_k, type_v=ns.cache_type_v, n_threads=ns.threads, split_overlap=ns.split_overlap,
         repetitions=ns.repetitions, warmup_runs=warmup_runs(ns), rpc_servers=tuple(ns.rpc[0]) if ns.rpc else ())
-
-
-def _attn_split_arg(value: object) -> list[tuple[float, ...]]:
-    """-as after argparse: parsed alternatives, or the LLAMA_ARG_ATTN_SPLIT text (argparse parses a string
-    default through the type too, but not None), or [()] (follow -ts)."""
-    if value is None:
-        return [()]
-    if isinstance(value, str):
-        return A.attn_split_alternatives(value)
-    return list(value)
 
 
 def check_combinations(params: BenchParams) -> None:
@@ -114,7 +104,7 @@ def _main(argv: list[str] | None) -> int:
     ns = ap.parse_args(argv)
     if not ns.rpc:
         A.check_device_count(ap, "-ts/--tensor-split", ns.tensor_split or [], _llama.check_tensor_split)
-        A.check_device_count(ap, "-as/--attn-split", _attn_split_arg(ns.attn_split), _llama.check_attn_split)
+        A.check_device_count(ap, "-as/--attn-split", ns.attn_split or [], _llama.check_attn_split)
     _llama.set_log_level("info" if ns.verbose else "error")
     try:
         warmup_runs(ns)  # checked before a synthetic model may be written

@@ -129,8 +129,9 @@ def serve(ns: argparse.Namespace, path: Path) -> int:
                              n_ubatch=ns.ubatch_size, n_seq_max=ns.parallel, n_threads=ns.threads,
                              n_threads_batch=ns.threads, flash_attn=ns.flash_attn, type_k=ns.cache_type_k,
                              type_v=ns.cache_type_v, split_overlap=ns.split_overlap)
-        if ns.split_overlap and not ctx.split_overlap_stats()["enabled"]:
-            log.warning("split overlap stays off: %s", ctx.split_overlap_stats()["reason"])
+        lanes = ctx.split_overlap_stats()
+        if ns.split_overlap and not lanes["enabled"]:
+            log.warning("split overlap stays off: %s", lanes["reason"])
         template = chat.resolve(model, ns.chat_template)
         engine = Engine(ctx, queue_size=ns.queue_size)
         model_id = ns.alias or path.name

@@ -344,11 +344,13 @@ class Engine:
             if not free:
                 return
             job = self._waiting.popleft()
-            slot = max(free, key=lambda s: (common_prefix(s.tokens, job.prompt), -s.last_used))
-            self._start(slot, job)
+            prefix, _, slot = max(((common_prefix(s.tokens, job.prompt), -s.last_used, s) for s in free),
+                                  key=lambda c: c[:2])
+            self._start(slot, job, prefix)
 
-    def _start(self, slot: Slot, job: Job) -> None:
-        keep = min(common_prefix(slot.tokens, job.prompt), len(job.prompt) - 1)  # one token gives the logits
+    def _start(self, slot: Slot, job: Job, prefix: int) -> None:
+        """Give the slot the job; prefix: the tokens its cache shares with the prompt."""
+        keep = min(prefix, len(job.prompt) - 1)  # one token gives the logits
         if keep < len(slot.tokens):
             try:
                 self.ctx.truncate(keep, slot.id)
@@ -359,7 +361,7 @@ class Engine:
         slot.job, slot.state = job, SlotState.PREFILL
         slot.pending = list(job.prompt[keep:])
         slot.cached = keep
-        slot.text = TextStream(lambda toks: self.model.detokenize_bytes(toks), job.stop)
+        slot.text = TextStream(self.model.detokenize_bytes, job.stop)
         slot.rng = np.random.default_rng(job.seed)
         slot.t_admitted, slot.t_prompt_start = time.perf_counter(), None
         slot.n_requests += 1
@@ -429,7 +431,7 @@ class Engine:
             if job is not None and job.cancelled:
                 log.info("%s slot %d: cancelled after %d prompt tokens and %d generated", job.id, s.id,
                          len(job.prompt) - len(s.pending), len(s.text.tokens) if s.text else 0)
-                s.job, s.state, s.pending, s.last_used = None, SlotState.IDLE, [], time.perf_counter()
+                self._release(s)  # the condition's lock is re-entrant
 
     def _emit(self, job: Job, event: Event) -> None:
         try:
