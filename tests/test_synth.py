@@ -293,3 +293,15 @@ def test_progress_in_a_log_is_one_line_per_update(tmp_path: Path) -> None:
     lines = res.stderr.splitlines()
     assert lines and all(line.startswith("synth: t.gguf: ") for line in lines)
     assert lines[-1].startswith("synth: t.gguf: written in ")
+
+
+def test_a_failed_write_leaves_no_file(tmp_path: Path) -> None:
+    """A write that fails part-way (here: a tensor of the wrong size) leaves neither the file nor its .part."""
+    from pyllama_so.gguf_writer import TensorSpec, write_gguf
+
+    path = tmp_path / "broken.gguf"
+    specs = [TensorSpec("a", (32,), "f32"), TensorSpec("b", (32,), "f32")]
+    with pytest.raises(RuntimeError, match="b: wrote 4 bytes"):
+        write_gguf(path, {"general.architecture": "llama"}, specs,
+                   lambda t, f: f.write(b"\0" * (t.nbytes if t.name == "a" else 4)))
+    assert sorted(tmp_path.iterdir()) == []

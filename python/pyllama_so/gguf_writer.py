@@ -96,16 +96,20 @@ def write_gguf(path: Path, metadata: dict[str, object], tensors: Sequence[Tensor
     total = sum(t.nbytes for t in tensors)
     done = 0
     tmp = path.with_name(path.name + ".part")
-    with tmp.open("wb") as f:
-        f.write(header)
-        for t in tensors:
-            start = f.tell()
-            write_data(t, f)
-            written = f.tell() - start
-            if written != t.nbytes:
-                raise RuntimeError(f"{t.name}: wrote {written} bytes, expected {t.nbytes}")
-            f.write(b"\0" * (-written % ALIGNMENT))
-            done += t.nbytes
-            if progress is not None:
-                progress(done, total)
-    tmp.replace(path)  # never leave a half-written file under the final name
+    try:
+        with tmp.open("wb") as f:
+            f.write(header)
+            for t in tensors:
+                start = f.tell()
+                write_data(t, f)
+                written = f.tell() - start
+                if written != t.nbytes:
+                    raise RuntimeError(f"{t.name}: wrote {written} bytes, expected {t.nbytes}")
+                f.write(b"\0" * (-written % ALIGNMENT))
+                done += t.nbytes
+                if progress is not None:
+                    progress(done, total)
+        tmp.replace(path)  # never leave a half-written file under the final name
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # nor the unfinished one (an error or Ctrl-C)
+        raise

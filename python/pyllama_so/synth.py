@@ -227,7 +227,7 @@ def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "
             shown = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
             print(f"synth: {path.name}: quantized in {time.monotonic() - t0:.1f} s ({shown})", file=sys.stderr)
     finally:
-        for tmp in (f16, f16.with_name(f16.name + ".part"), part):  # .part: write_gguf's unfinished file
+        for tmp in (f16, part):
             tmp.unlink(missing_ok=True)
     return path
 
