@@ -18,17 +18,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from pyllama_so import args as A
 from pyllama_so.bench import BenchParams, TestResult, run_benchmarks
 
 from _setup import add_model_args, model_path, tensor_split_devices  # examples/_setup.py
-
-
-def int_list(text: str) -> list[int]:
-    """A comma list of positive ints, e.g. 128,256,512."""
-    values = [int(v) for v in text.split(",")]
-    if min(values) < 1:
-        raise ValueError(text)
-    return values
 
 
 def label(result: TestResult) -> str:
@@ -63,7 +56,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(ap)
     ap.add_argument("--n-prompt", type=int, default=2048, help="prompt tokens per run (default 2048)")
-    ap.add_argument("--ubatch", type=int_list, default=[128, 256, 512, 1024, 2048],
+    ap.add_argument("--ubatch", type=A.comma_list(A.positive_int), default=[128, 256, 512, 1024, 2048],
                     help="comma list of ubatch sizes (default 128,256,512,1024,2048)")
     ap.add_argument("--repetitions", type=int, default=3, help="timed runs per point (default 3)")
     ap.add_argument("--output", type=Path, default=Path("ubatch_sweep.png"), help="PNG file (default ubatch_sweep.png)")

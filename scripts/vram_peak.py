@@ -1,10 +1,30 @@
 """Peak GPU memory while a process runs, for the benchmark scripts beside this file (so-matrix,
-so-scenario). Imports nothing of pyllama_so: a CUDA context in the measuring process would count too."""
+so-scenario, server-scenario, gpu-check). Imports nothing of pyllama_so: a CUDA context in the measuring
+process would count too.
+
+    python scripts/vram_peak.py CSV LABEL    # the peak of an nvidia-smi CSV log (gpu-check's vram_start)
+"""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
+from collections.abc import Iterable
+
+
+def add_samples(peak: dict[int, int], lines: Iterable[str]) -> None:
+    """Raise peak[i] to each `index, memory.used` line of nvidia-smi's CSV (other lines are skipped)."""
+    for line in lines:
+        try:
+            i, mib = (int(x) for x in line.split(","))
+        except ValueError:
+            continue
+        peak[i] = max(peak.get(i, 0), mib)
+
+
+def format_peak(peak: dict[int, int]) -> str:
+    return ", ".join(f"GPU{i} {m} MiB" for i, m in sorted(peak.items()))
 
 
 class VramSampler:
@@ -24,12 +44,7 @@ class VramSampler:
     def _read(self) -> None:
         if self._proc is None or self._proc.stdout is None:
             return
-        for line in self._proc.stdout:
-            try:
-                i, mib = (int(x) for x in line.split(","))
-            except ValueError:
-                continue
-            self.peak[i] = max(self.peak.get(i, 0), mib)
+        add_samples(self.peak, self._proc.stdout)
 
     def stop(self) -> dict[int, int]:
         if self._proc is not None:
@@ -47,3 +62,11 @@ def run_sampled(cmd: list[str], **kwargs: object) -> tuple[subprocess.CompletedP
     finally:
         peak = sampler.stop()
     return res, peak
+
+
+if __name__ == "__main__":
+    csv_path, label = sys.argv[1:3]
+    peak: dict[int, int] = {}
+    with open(csv_path) as f:
+        add_samples(peak, f)
+    print(f"peak VRAM {label}: {format_peak(peak)}")

@@ -10,12 +10,13 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from pyllama_so import _llama, allreduce
+from pyllama_so import _llama, allreduce, archs
+from pyllama_so.bench.allreduce import cuda_devices
 
 
 def virtual_devices(n: int) -> list[int]:
-    """Indices of n CPU virtual devices (three are made once per process); skips if fewer exist."""
-    _llama.cpu_virtual_devices(3)
+    """Indices of n CPU virtual devices (archs.VIRTUAL_DEVICES, made once per process); skips if fewer exist."""
+    archs.ensure_virtual_devices()
     idx = [d["index"] for d in _llama.devices() if d["backend"] == "CPUV"]
     if len(idx) < n:
         pytest.skip(f"needs {n} CPU virtual devices, the process has {len(idx)}")
@@ -24,7 +25,7 @@ def virtual_devices(n: int) -> list[int]:
 
 def cuda_device_pair() -> list[int]:
     """Indices of two CUDA devices (two GPUs, or GGML_CUDA_DEVICES=2 on one); skips otherwise."""
-    idx = [d["index"] for d in _llama.devices() if d["backend"] == "CUDA"]
+    idx = [d["index"] for d in cuda_devices()]
     if len(idx) < 2:
         pytest.skip("needs 2 CUDA devices (GGML_CUDA_DEVICES=2 makes two on one GPU)")
     return idx[:2]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from pyllama_so import Llama, _llama, args, testing
+from pyllama_so.archs import nmse
 from pyllama_so.bench.__main__ import main as bench_main
 from pyllama_so.bench.__main__ import parser as bench_parser
 from split_devices import copy_engine_routing, cuda_device_pair, same_bits, virtual_devices
@@ -27,8 +28,6 @@ ARCHS = ("llama", "gemma3", "qwen3next", "lfm2")
 SPLITS = ((1.0, 3.0), (1.0, 0.0), (0.0, 1.0))
 
 _TOKENS = [int(t) for t in np.random.default_rng(11).integers(1, 127, 200)]
-
-
 
 
 def _moe(arch: str) -> bool:
@@ -53,13 +52,6 @@ def _run(arch: str, devices: list[int], split_mode: str, attn_split=None, split_
     finally:
         ctx.free()
         model.free()
-
-
-def _nmse(ref: np.ndarray, x: np.ndarray) -> float:
-    ref64 = ref.astype(np.float64)
-    return float(((ref64 - x) ** 2).sum() / (ref64 ** 2).sum())
-
-
 
 
 _CPU: dict[str, tuple[np.ndarray, int]] = {}
@@ -98,7 +90,7 @@ def test_attn_split_equals_cpu(arch: str, split: tuple[float, float]) -> None:
     cpu, total = _cpu(arch), _kv_total(arch)
     meta, off, cells = _run(arch, devices, "tensor", list(split))
     assert not off["enabled"]
-    assert _nmse(cpu, meta) < 1e-4, _nmse(cpu, meta)
+    assert nmse(cpu, meta) < 1e-4, nmse(cpu, meta)
     _check_kv(cells, split, total)
     lanes, stats, cells_so = _run(arch, devices, "tensor", list(split), split_overlap=True)
     assert stats["enabled"] and stats["ubatches"][1] >= 1, stats
@@ -159,7 +151,7 @@ def test_a_fraction_of_a_head_is_rounded_not_an_error() -> None:
     meta, _, cells = _run("llama", devices, "tensor", [1, 1000])
     _, _, one_head_each = _run("llama", devices, "tensor", [1, 1])
     assert cells[0] < cells[1] and cells[0] <= one_head_each[0], (cells, one_head_each)
-    assert _nmse(_cpu("llama"), meta) < 1e-4
+    assert nmse(_cpu("llama"), meta) < 1e-4
 
 
 # --- argument errors ---------------------------------------------------------------------------------
@@ -200,7 +192,7 @@ def test_llama_with_attn_split_runs(tiny_model: Path) -> None:
         with_as = llm.eval(llm.tokenize("Hello world"))
     with Llama(tiny_model, split_mode="none", n_ctx=256, flash_attn=True) as llm:
         ref = llm.eval(llm.tokenize("Hello world"))
-    assert _nmse(ref, with_as) < 1e-4
+    assert nmse(ref, with_as) < 1e-4
 
 
 # --- command line --------------------------------------------------------------------------------------
@@ -284,10 +276,10 @@ def forced_copy_engines() -> object:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_gpu_attn_split_with_copy_engines(arch: str, split: tuple[float, float], forced_copy_engines) -> None:
     devices = cuda_device_pair()
-    cpu, _, full = _run(arch, [], "none")
+    cpu, total = _cpu(arch), _kv_total(arch)
     meta, _, cells = _run(arch, devices, "tensor", list(split))
-    assert _nmse(cpu, meta) < 1e-4, _nmse(cpu, meta)
-    _check_kv(cells, split, full[0])
+    assert nmse(cpu, meta) < 1e-4, nmse(cpu, meta)
+    _check_kv(cells, split, total)
     lanes, stats, _ = _run(arch, devices, "tensor", list(split), split_overlap=True)
     assert stats["enabled"], stats
     assert same_bits(meta, lanes), f"max |diff| {np.abs(meta - lanes).max()}"

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,18 +63,9 @@ class Server(ServerProcess):
         return httpx.get(f"{self.url}/slots", headers={"Authorization": f"Bearer {self.api_key}"}).json()
 
 
-@contextmanager
-def running(*args: str, **kw: Any) -> Iterator[Server]:
-    server = Server(list(args), **kw)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[Server]:
-    with running("-m", str(tiny_model), *MAIN_ARGS) as s:
+    with Server(["-m", str(tiny_model), *MAIN_ARGS]) as s:
         yield s
 
 
@@ -424,8 +414,8 @@ def test_unknown_route_is_a_404_in_openai_shape(server: Server) -> None:
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One slot, a queue of one, an API key; no -m: the synthetic tiny model, written to a fresh cache."""
     cache = tmp_path_factory.mktemp("cache")
-    with running("--synthetic", "tiny", "-np", "1", "-c", "4096", "--queue-size", "1", "--api-key", "s3cret",
-                 env={"PYLLAMA_SO_CACHE": str(cache)}, api_key="s3cret") as s:
+    with Server(["--synthetic", "tiny", "-np", "1", "-c", "4096", "--queue-size", "1", "--api-key", "s3cret"],
+                env={"PYLLAMA_SO_CACHE": str(cache)}, api_key="s3cret") as s:
         yield s
 
 
@@ -483,8 +473,8 @@ def answers_with_and_without_split_overlap(model: Path, env: dict[str, str]) -> 
                 ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 16, "temperature": 0})]
     results, lanes = [], []
     for so in ("0", "1"):
-        with running("-m", str(model), "-sm", "tensor", "-fa", "on", "-so", so, "-ub", "64", "-b", "256",
-                     "-c", "1024", "-np", "2", env=env) as s:
+        with Server(["-m", str(model), "-sm", "tensor", "-fa", "on", "-so", so, "-ub", "64", "-b", "256",
+                     "-c", "1024", "-np", "2"], env=env) as s:
             answers = []
             for path, body in requests:
                 r = s.post(path, body)
