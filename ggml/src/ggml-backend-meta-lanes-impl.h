@@ -46,5 +46,3 @@ void ggml_backend_meta_lanes_detach         (ggml_backend_meta_lanes * lanes, in
 enum ggml_status ggml_backend_meta_lanes_compute(ggml_backend_meta_lanes * lanes, int lane, ggml_backend_t backend,
                                                  struct ggml_cgraph * cgraph,
                                                  enum ggml_status (*issue)(ggml_backend_t, struct ggml_cgraph *));
-// Wait until the lane's queued graph is issued: the Meta backend's other operations call it first.
-void ggml_backend_meta_lanes_wait_issued(ggml_backend_meta_lanes * lanes, int lane);

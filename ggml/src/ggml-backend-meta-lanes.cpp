@@ -53,8 +53,7 @@ struct lane_worker {
     std::thread                  thread;
     std::mutex                   mutex;
     std::condition_variable      cv;
-    std::function<ggml_status()> job;
-    bool                         queued  = false; // job is set and not taken yet
+    std::function<ggml_status()> job;             // set and not taken yet
     bool                         busy    = false; // a job is queued or being issued
     bool                         quit    = false;
     ggml_status                  failure = GGML_STATUS_SUCCESS; // the first failed job's status, until reported
@@ -64,12 +63,12 @@ struct lane_worker {
             std::function<ggml_status()> next;
             {
                 std::unique_lock<std::mutex> lock(mutex);
-                cv.wait(lock, [this] { return queued || quit; });
-                if (!queued) {
+                cv.wait(lock, [this] { return job || quit; });
+                if (!job) {
                     return;
                 }
-                next   = std::move(job);
-                queued = false;
+                next = std::move(job);
+                job  = nullptr;
             }
             const ggml_status status = next();
             std::lock_guard<std::mutex> lock(mutex);
@@ -226,13 +225,24 @@ void ggml_backend_meta_lanes_before_subgraph(ggml_backend_meta_lanes * lanes, in
             lanes->mode == LANES_TEST_NOWAIT) {
         return;
     }
-    // the other lane's graph submitted before ours must first issue its subgraphs touching our state
-    lanes->cv.wait(lock, [&] {
-        if (!other.issuing || other.ticket > self.ticket) {
-            return true;
-        }
-        return other.roots_ready && (long) other.n_issued > last_touching(other, self.roots[i_subgraph]);
-    });
+    if (j_device == 0) {
+        // the other lane's graph submitted before ours must first issue its subgraphs touching our state;
+        // once that holds it holds for the later devices too (n_issued only grows, a newer graph of the
+        // other lane has a later ticket), and the other graph's roots do not change while it is issued
+        long need = -2; // its last subgraph touching our state, found once its roots are known
+        lanes->cv.wait(lock, [&] {
+            if (!other.issuing || other.ticket > self.ticket) {
+                return true;
+            }
+            if (!other.roots_ready) {
+                return false;
+            }
+            if (need == -2) {
+                need = last_touching(other, self.roots[i_subgraph]);
+            }
+            return (long) other.n_issued > need;
+        });
+    }
     lane_record best = { nullptr, 0 };
     if (lanes->mode == LANES_TEST_SAME_INDEX) {
         if (i_subgraph < other.events[j_device].size() && other.events[j_device][i_subgraph] != nullptr) {
@@ -320,19 +330,12 @@ ggml_status ggml_backend_meta_lanes_compute(ggml_backend_meta_lanes * lanes, int
     }
     {
         std::lock_guard<std::mutex> lock(self.worker->mutex);
-        self.worker->job    = std::move(job);
-        self.worker->queued = true;
-        self.worker->busy   = true;
+        self.worker->job  = std::move(job);
+        self.worker->busy = true;
     }
     self.worker->cv.notify_all();
     // the graph is issued asynchronously: a failure is returned by the next graph of this lane
     return failure;
-}
-
-void ggml_backend_meta_lanes_wait_issued(ggml_backend_meta_lanes * lanes, int lane) {
-    if (lanes->lane[lane].worker) {
-        lanes->lane[lane].worker->wait_idle();
-    }
 }
 
 void ggml_backend_meta_lanes_detach(ggml_backend_meta_lanes * lanes, int lane) {
@@ -348,11 +351,17 @@ void ggml_backend_meta_lanes_detach(ggml_backend_meta_lanes * lanes, int lane) {
     }
 }
 
+// The lanes a backend is linked to and its lane there; nullptr for any other backend (or nullptr).
+static ggml_backend_meta_lanes * linked_lanes(ggml_backend_t backend, int * lane) {
+    *lane = 0;
+    return backend != nullptr && ggml_backend_is_meta(backend) ? ggml_backend_meta_lanes_get(backend, lane) : nullptr;
+}
+
 int ggml_backend_meta_lanes_sched_lane(ggml_backend_t * backends, int n_backends) {
     for (int i = 0; i < n_backends; i++) {
         if (ggml_backend_is_meta(backends[i])) {
             int lane = 0;
-            return ggml_backend_meta_lanes_get(backends[i], &lane) != nullptr ? lane : 0;
+            return linked_lanes(backends[i], &lane) != nullptr ? lane : 0;
         }
     }
     return 0;
@@ -428,39 +437,33 @@ bool ggml_backend_meta_share_lanes(ggml_backend_t a, ggml_backend_t b) {
 }
 
 int ggml_backend_meta_lane(ggml_backend_t meta_backend) {
-    if (!ggml_backend_is_meta(meta_backend)) {
-        return -1;
-    }
     int lane = 0;
-    return ggml_backend_meta_lanes_get(meta_backend, &lane) != nullptr ? lane : -1;
+    return linked_lanes(meta_backend, &lane) != nullptr ? lane : -1;
 }
 
 void ggml_backend_meta_lanes_flush(ggml_backend_t meta_backend) {
     int lane = 0;
-    ggml_backend_meta_lanes * lanes = ggml_backend_is_meta(meta_backend) ? ggml_backend_meta_lanes_get(meta_backend, &lane) : nullptr;
-    if (lanes != nullptr) {
-        ggml_backend_meta_lanes_wait_issued(lanes, lane);
+    ggml_backend_meta_lanes * lanes = linked_lanes(meta_backend, &lane);
+    if (lanes != nullptr && lanes->lane[lane].worker) {
+        lanes->lane[lane].worker->wait_idle();
     }
 }
 
 void ggml_backend_meta_lanes_issue_inline(ggml_backend_t meta_backend, bool on) {
     int lane = 0;
-    ggml_backend_meta_lanes * lanes = ggml_backend_is_meta(meta_backend) ? ggml_backend_meta_lanes_get(meta_backend, &lane) : nullptr;
+    ggml_backend_meta_lanes * lanes = linked_lanes(meta_backend, &lane);
     if (lanes != nullptr) {
         lanes->lane[lane].issue_inline = on;
     }
 }
 
 bool ggml_backend_meta_lanes_get_stats(ggml_backend_t meta_backend, ggml_backend_meta_lanes_stats * stats) {
-    if (stats == nullptr || stats->size != sizeof(ggml_backend_meta_lanes_stats) || !ggml_backend_is_meta(meta_backend)) {
-        return false;
-    }
     int lane = 0;
-    const ggml_backend_meta_lanes * lanes = ggml_backend_meta_lanes_get(meta_backend, &lane);
-    if (lanes == nullptr) {
+    ggml_backend_meta_lanes * lanes = linked_lanes(meta_backend, &lane);
+    if (stats == nullptr || stats->size != sizeof(ggml_backend_meta_lanes_stats) || lanes == nullptr) {
         return false;
     }
-    std::lock_guard<std::mutex> lock(const_cast<ggml_backend_meta_lanes *>(lanes)->mutex);
+    std::lock_guard<std::mutex> lock(lanes->mutex);
     *stats = lanes->lane[lane].stats;
     return true;
 }
