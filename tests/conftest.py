@@ -32,3 +32,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_model(model_dir: Path) -> Path:
     """A 2-layer qwen3-shaped F16 model with a byte-fallback vocabulary of 512 tokens."""
     return synth.write_model(model_dir / "tiny-f16.gguf", "tiny", "f16", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def small_model() -> Path:
+    """The bench's default synthetic model (qwen3-shaped, 33.6 M params), written once to the cache."""
+    return synth.cached_model("small", "f16")

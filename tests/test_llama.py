@@ -155,22 +155,18 @@ def test_prompt_prefix_is_reused(tiny_model: Path) -> None:
         assert len(p) > 1
         first = list(llm.generate(p, max_tokens=3, temperature=0.0, stop_on_eog=False))
         assert llm.n_tokens == len(p) + 2  # the last sampled token is never evaluated
-        real = llm._ctx
+        real = llm._prefill
         decoded: list[int] = []
 
-        class CountingContext:  # records how many tokens each decode evaluates
-            def __getattr__(self, name: str) -> object:
-                return getattr(real, name)
+        def counting_prefill(tokens: list[int]) -> int:  # records how many prompt tokens are evaluated
+            decoded.append(real(tokens))
+            return decoded[-1]
 
-            def decode(self, tokens: list[int], **kw: object) -> object:
-                decoded.append(len(tokens))
-                return real.decode(tokens, **kw)
-
-        llm._ctx = CountingContext()  # type: ignore[assignment]
+        llm._prefill = counting_prefill  # type: ignore[method-assign]
         try:
             again = list(llm.generate(p, max_tokens=3, temperature=0.0, stop_on_eog=False))
         finally:
-            llm._ctx = real
+            del llm._prefill
     assert first == again
     assert decoded[0] == 1  # the cached prompt was kept: only its last token is evaluated again
 
@@ -224,10 +220,11 @@ def test_completion_utf8_split_across_tokens(tiny_model: Path, monkeypatch: pyte
                   + byte_tokens("漢".encode()[:2]) + llm.tokenize("cd", add_bos=False) + byte_tokens(b"\x80\xe2\x82"))
         assert len(tokens) > len("ab✓xcd") + 6  # multi-byte characters are split across tokens
 
-        def fake_generate(*args: object, **kw: object) -> Iterator[int]:
-            yield from tokens
+        def fake_steps(*args: object, **kw: object) -> Iterator[tuple[int, None]]:  # the generation loop
+            for t in tokens:
+                yield t, None
 
-        monkeypatch.setattr(llm, "generate", fake_generate)
+        monkeypatch.setattr(llm, "_steps", fake_steps)
         want = llm.detokenize(tokens).decode("utf-8", "replace")
         assert want.count("\ufffd") == 4 and want.startswith("abé\ufffd✓x")
         if stop is not None:

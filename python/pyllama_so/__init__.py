@@ -18,7 +18,10 @@ from pyllama_so._llama import (
     system_info,
     upstream_version,
 )
+from pyllama_so.grammar import LlamaGrammar
 from pyllama_so.llama import Llama
+from pyllama_so.logprobs import LogitsProcessorList, StoppingCriteriaList
+from pyllama_so.sampling import SamplingParams
 
 try:
     __version__ = _pkg_version("pyllama_so")
@@ -27,6 +30,10 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 __all__ = [
     "Llama",
+    "LlamaGrammar",
+    "LogitsProcessorList",
+    "SamplingParams",
+    "StoppingCriteriaList",
     "LlamaError",
     "ModelLoadError",
     "ContextFullError",

@@ -18,7 +18,9 @@ import numpy as np
 
 from pyllama_so import _llama
 from pyllama_so._llama import ContextFullError, ModelLoadError
-from pyllama_so.sampling import SamplingParams, sample
+from pyllama_so.grammar import LlamaGrammar, grammar_text
+from pyllama_so.logprobs import LogitsProcessor, StoppingCriteria, _LogprobRows
+from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
 
 _GGUF_MAGIC = b"GGUF"
@@ -235,8 +237,9 @@ class Llama:
         self._tokens.extend(tokens)
         return logits
 
-    def _prefill(self, tokens: list[int]) -> np.ndarray:
-        """Bring the context to `tokens`, reusing the common cached prefix; return the last logits."""
+    def _prefill(self, tokens: list[int]) -> int:
+        """Bring the context to `tokens`, reusing the common cached prefix; the last token's logits stay in
+        the context (output -1) for the sampler. Returns how many tokens were evaluated."""
         _, ctx = self._parts()
         if not tokens:
             raise ValueError("the prompt is empty")
@@ -255,71 +258,179 @@ class Llama:
             except _llama.LlamaError:  # memories that cannot drop a suffix start over
                 self.reset()
                 keep = 0
-        logits = ctx.decode(tokens[keep:])[-1]
+        ctx.prefill(tokens[keep:])
         self._tokens.extend(tokens[keep:])
-        return logits
+        return len(tokens) - keep
 
-    def generate(self, tokens: Sequence[int], *, max_tokens: int | None = None, temperature: float = 0.8,
-                 top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None,
-                 stop_on_eog: bool = True) -> Iterator[int]:
-        """Yield new tokens after `tokens`. temperature=0 is greedy. Stops at max_tokens, the end of
-        the context, or an end-of-generation token (which is not yielded)."""
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-        rng = np.random.default_rng(seed) if seed is not None else self._rng
+    def _seed(self, seed: int | None) -> int:
+        """A call's seed: the one given, else the next from the Llama's generator (Llama(seed=...))."""
+        if seed is None or seed == -1:
+            return int(self._rng.integers(0, 2**32 - 1))
+        return seed
+
+    def sampler(self, *, seed: int | None = None, grammar: str | LlamaGrammar | None = None,
+                **sampling: Any) -> _llama.Sampler:
+        """A llama.cpp sampler chain for this model (SamplingParams' names; `temp` is an alias of
+        `temperature`). The caller frees it, or lets it go."""
         model, ctx = self._parts()
-        logits = self._prefill([int(t) for t in tokens])
-        produced = 0
-        while max_tokens is None or produced < max_tokens:
-            tok = sample(logits, params, rng)
-            if stop_on_eog and model.is_eog(tok):
-                return
-            yield tok
-            produced += 1
-            if len(self._tokens) >= ctx.n_ctx or (max_tokens is not None and produced >= max_tokens):
-                return
-            logits = ctx.decode([tok])[-1]
-            self._tokens.append(tok)
+        params = SamplingParams.from_kwargs(seed=self._seed(seed), **sampling)
+        text, root = grammar_text(grammar)
+        return _llama.Sampler(model, params, n_ctx=ctx.n_ctx, grammar=text, grammar_root=root)
 
-    def create_completion(self, prompt: str | Sequence[int], max_tokens: int | None = 16, temperature: float = 0.8,
-                          top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
-                          stop: str | Sequence[str] | None = None, seed: int | None = None, echo: bool = False,
-                          stream: bool = False) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """OpenAI-style text completion, the common subset of llama-cpp-python's signature."""
-        chunks = self._completion(prompt, max_tokens, temperature, top_p, top_k, min_p, stop, seed, echo)
+    def generate(self, tokens: Sequence[int], *, max_tokens: int | None = None, seed: int | None = None,
+                 stop_on_eog: bool = True, grammar: str | LlamaGrammar | None = None,
+                 logits_processor: LogitsProcessor | None = None,
+                 stopping_criteria: StoppingCriteria | None = None, **sampling: Any) -> Iterator[int]:
+        """Yield new tokens after `tokens`. Sampling parameters by llama-cpp-python's names (SamplingParams:
+        temperature/temp, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty, presence_penalty,
+        penalty_last_n, mirostat_*, dry_*, xtc_*, top_n_sigma, logit_bias); temperature=0 is greedy. Stops at
+        max_tokens, the end of the context, or an end-of-generation token (which is not yielded).
+
+        Each step decodes, samples and accepts in C with the GIL released; Python sees only token ids. A
+        logits_processor(input_ids, scores) -> scores or stopping_criteria(input_ids, scores) -> bool is
+        llama-cpp-python's slow path: the logits row of every step is copied into numpy for it.
+        """
+        for tok, _ in self._steps([int(t) for t in tokens], max_tokens, seed, stop_on_eog, grammar, None,
+                                  logits_processor, stopping_criteria, sampling):
+            yield tok
+
+    def _steps(self, tokens: list[int], max_tokens: int | None, seed: int | None, stop_on_eog: bool,
+               grammar: str | LlamaGrammar | None, n_logprobs: int | None,
+               logits_processor: LogitsProcessor | None, stopping_criteria: StoppingCriteria | None,
+               sampling: dict[str, Any]) -> Iterator[tuple[int, tuple[float, list[tuple[int, float]]] | None]]:
+        """(token, logprobs or None) per generated token: the one generation loop of Llama."""
+        sampler = self.sampler(seed=seed, grammar=grammar, **sampling)  # bad parameters fail before any decode
+        _llama.check_logprobs(n_logprobs)
+        model, ctx = self._parts()
+        slow = logits_processor is not None or stopping_criteria is not None
+        try:
+            self._prefill(tokens)
+            sampler.accept(tokens)  # penalties and DRY count the prompt, as in llama-cpp-python
+            produced = 0
+            tok = self._slow_sample(sampler, logits_processor) if slow else sampler.sample(ctx)
+            while True:
+                lp = None if n_logprobs is None else ctx.logprobs(tok, n_logprobs)
+                if stop_on_eog and model.is_eog(tok):
+                    return
+                if stopping_criteria is not None and stopping_criteria(
+                        np.array(self._tokens + [tok], dtype=np.intc), ctx.logits_view(-1)):
+                    return
+                yield tok, lp
+                produced += 1
+                if len(self._tokens) >= ctx.n_ctx or (max_tokens is not None and produced >= max_tokens):
+                    return
+                if slow:
+                    ctx.prefill([tok])
+                    self._tokens.append(tok)
+                    tok = self._slow_sample(sampler, logits_processor)
+                else:
+                    nxt = ctx.decode_sample(sampler, tok)
+                    self._tokens.append(tok)
+                    tok = nxt
+        finally:
+            sampler.free()
+
+    def _slow_sample(self, sampler: _llama.Sampler, logits_processor: LogitsProcessor | None) -> int:
+        _, ctx = self._parts()
+        if logits_processor is None:
+            return sampler.sample(ctx)
+        scores = logits_processor(np.array(self._tokens, dtype=np.intc), ctx.logits_view(-1).copy())
+        return sampler.sample_logits(np.asarray(scores, dtype=np.float32))
+
+    def create_completion(
+        self,
+        prompt: str | Sequence[int],
+        suffix: str | None = None,
+        max_tokens: int | None = 16,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        logprobs: int | None = None,
+        echo: bool = False,
+        stop: str | Sequence[str] | None = None,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        top_k: int = 40,
+        stream: bool = False,
+        seed: int | None = None,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        model: str | None = None,
+        stopping_criteria: StoppingCriteria | None = None,
+        logits_processor: LogitsProcessor | None = None,
+        grammar: str | LlamaGrammar | None = None,
+        logit_bias: dict[int, float] | None = None,
+        **sampling: Any,
+    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """OpenAI-style text completion with llama-cpp-python's signature (positional order included).
+
+        max_tokens None or <= 0: up to the end of the context. logprobs=N (0..MAX_LOGPROBS): per generated
+        token its text, offset, log-probability and the top N alternatives, in llama-cpp-python's format
+        (log-softmax of the model's logits, computed in C). Further llama.cpp samplers by keyword
+        (penalty_last_n, dry_*, xtc_*, top_n_sigma, min_keep). tfs_z is accepted and ignored (llama.cpp
+        removed tail-free sampling); suffix is appended to the text; model names the response's model.
+        """
+        if echo and logprobs is not None:
+            raise ValueError("logprobs with echo=True (the prompt's log-probabilities) is not supported")
+        sampling.update(temperature=temperature, top_p=top_p, min_p=min_p, typical_p=typical_p,
+                        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                        repeat_penalty=repeat_penalty, top_k=top_k, mirostat_mode=mirostat_mode,
+                        mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logit_bias=logit_bias)
+        SamplingParams.from_kwargs(**sampling)  # bad input fails here, also for a stream not yet iterated
+        _llama.check_logprobs(logprobs)
+        chunks = self._completion(prompt, suffix, max_tokens, logprobs, echo, stop, seed, model, stopping_criteria,
+                                  logits_processor, grammar, sampling)
         if stream:
             return chunks
-        text, finish, usage, cid, created = "", None, {}, "", 0
+        text, finish, usage, cid, created, lps = "", None, {}, "", 0, None
         for chunk in chunks:
             cid, created = chunk["id"], chunk["created"]
-            text += chunk["choices"][0]["text"]
-            finish = chunk["choices"][0]["finish_reason"] or finish
+            choice = chunk["choices"][0]
+            text += choice["text"]
+            finish = choice["finish_reason"] or finish
             usage = chunk.get("usage", usage)
-        return {"id": cid, "object": "text_completion", "created": created, "model": self.model_path,
-                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], "usage": usage}
+            if choice["logprobs"] is not None:
+                lps = {k: (lps[k] if lps else []) + v for k, v in choice["logprobs"].items()}
+        if logprobs is not None and lps is None:
+            lps = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+        return {"id": cid, "object": "text_completion", "created": created, "model": model or self.model_path,
+                "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": finish}], "usage": usage}
 
     __call__ = create_completion
 
-    def _completion(self, prompt: str | Sequence[int], max_tokens: int | None, temperature: float, top_p: float,
-                    top_k: int, min_p: float, stop: str | Sequence[str] | None, seed: int | None,
-                    echo: bool) -> Iterator[dict[str, Any]]:
+    def _completion(self, prompt: str | Sequence[int], suffix: str | None, max_tokens: int | None,
+                    n_logprobs: int | None, echo: bool, stop: str | Sequence[str] | None, seed: int | None,
+                    model_name: str | None, stopping_criteria: StoppingCriteria | None,
+                    logits_processor: LogitsProcessor | None, grammar: str | LlamaGrammar | None,
+                    sampling: dict[str, Any]) -> Iterator[dict[str, Any]]:
         prompt_tokens = self.tokenize(prompt) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if max_tokens is not None and max_tokens <= 0:
             max_tokens = None  # llama-cpp-python: <= 0 means up to the end of the context
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
+        prompt_len = len(prompt) if isinstance(prompt, str) else len(self.detokenize(prompt_tokens).decode("utf-8", "replace"))
 
-        def chunk(text: str, finish: str | None, **extra: Any) -> dict[str, Any]:
-            return {"id": cid, "object": "text_completion", "created": created, "model": self.model_path,
-                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], **extra}
+        def chunk(text: str, finish: str | None, lps: dict[str, list[Any]] | None = None, **extra: Any) -> dict[str, Any]:
+            return {"id": cid, "object": "text_completion", "created": created, "model": model_name or self.model_path,
+                    "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": finish}], **extra}
 
         if echo:
             yield chunk(self.detokenize(prompt_tokens).decode("utf-8", "replace"), None)
         text = TextStream(self.detokenize, stops)
-        for tok in self.generate(prompt_tokens, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                                 top_p=top_p, min_p=min_p, seed=seed):
+        pending = _LogprobRows(self, prompt_len) if n_logprobs is not None else None
+        sent = 0
+        for tok, lp in self._steps(prompt_tokens, max_tokens, seed, True, grammar, n_logprobs, logits_processor,
+                                   stopping_criteria, sampling):
+            if pending is not None:
+                pending.add(tok, lp)
             ready = text.push(tok)
             if ready:
-                yield chunk(ready, None)
+                sent += len(ready)
+                yield chunk(ready, None, pending.take(sent) if pending is not None else None)
             if text.stopped:
                 break
         produced = text.tokens
@@ -329,7 +440,8 @@ class Llama:
             finish = "length"
         else:
             finish = "stop"  # end-of-generation token
-        tail = text.finish()
+        tail = text.finish() + (suffix or "")
         usage = {"prompt_tokens": len(prompt_tokens), "completion_tokens": len(produced),
                  "total_tokens": len(prompt_tokens) + len(produced)}
-        yield chunk(tail, finish, usage=usage)
+        sent += len(tail)
+        yield chunk(tail, finish, pending.take(sent, final=True) if pending is not None else None, usage=usage)

@@ -13,6 +13,7 @@ called on the engine thread.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from pyllama_so import _llama
-from pyllama_so.sampling import SamplingParams, sample
+from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
 
 log = logging.getLogger("pyllama_so.server")
@@ -137,7 +138,7 @@ class Slot:
     pending: list[int] = field(default_factory=list)  # prompt tokens still to evaluate
     next_token: int = -1  # sampled and sent, decoded at the next step
     text: TextStream | None = None
-    rng: np.random.Generator | None = None
+    sampler: _llama.Sampler | None = None  # the job's llama.cpp sampler chain, seeded per request
     cached: int = 0  # prompt tokens reused
     t_admitted: float = 0.0
     t_prompt_start: float | None = None
@@ -309,7 +310,8 @@ class Engine:
         items.sort(key=lambda item: item[0].id)
         t0 = time.perf_counter()
         try:
-            logits = self.ctx.decode_batch([(s.id, toks, want) for s, toks, want in items])
+            sampled = self.ctx.decode_batch_sample([(s.id, toks, s.sampler if want else None, None)
+                                                    for s, toks, want in items])
         except (_llama.LlamaError, ValueError) as e:
             for s, _, _ in items:
                 self._fail(s, f"decode failed: {e}")
@@ -317,8 +319,7 @@ class Engine:
         t1 = time.perf_counter()
         self.split_overlap = self.ctx.split_overlap_stats()
         step = Step(self.steps, tuple((s.id, len(toks), s.state.value) for s, toks, _ in items), t1 - t0)
-        row = 0
-        for s, toks, want in items:
+        for (s, toks, want), out in zip(items, sampled):
             s.tokens.extend(toks)
             if s.state is SlotState.PREFILL:
                 del s.pending[:len(toks)]
@@ -326,8 +327,7 @@ class Engine:
                 if s.t_prompt_start is None:
                     s.t_prompt_start = t0
             if want:
-                self._advance(s, logits[row], t1)
-                row += 1
+                self._advance(s, out[0], t1)
         with self._cond:
             self.steps += 1
             self.steps_by_slots[len(items)] = self.steps_by_slots.get(len(items), 0) + 1
@@ -362,22 +362,25 @@ class Engine:
         slot.pending = list(job.prompt[keep:])
         slot.cached = keep
         slot.text = TextStream(self.model.detokenize_bytes, job.stop)
-        slot.rng = np.random.default_rng(job.seed)
+        if slot.sampler is not None:
+            slot.sampler.free()
+        params = job.sampling if job.seed is None else dataclasses.replace(job.sampling, seed=job.seed)
+        slot.sampler = _llama.Sampler(self.model, params, n_ctx=self.n_ctx_slot)
+        slot.sampler.accept(job.prompt)  # penalties and DRY count the prompt, as Llama does
         slot.t_admitted, slot.t_prompt_start = time.perf_counter(), None
         slot.n_requests += 1
         slot.n_prompt_cached += keep
 
-    def _advance(self, s: Slot, logits: np.ndarray, now: float) -> None:
-        """The slot's logits after a step: the prompt ended, or the last generated token was decoded."""
+    def _advance(self, s: Slot, tok: int, now: float) -> None:
+        """The token sampled after a step: the prompt ended, or the last generated token was decoded."""
         job = s.job
-        assert job is not None and s.text is not None and s.rng is not None
+        assert job is not None and s.text is not None
         if s.state is SlotState.PREFILL:
             s.state, s.t_prompt_end = SlotState.GENERATE, now
             if job.max_tokens == 0:
                 self._finish(s, "length", now)
                 return
         # the order of Llama.generate and create_completion: end-of-generation, text, stop strings, limits
-        tok = sample(logits, job.sampling, s.rng)
         if self.model.is_eog(tok):
             self._finish(s, "stop", now)
             return

@@ -1,0 +1,482 @@
+# The context: decoding batches into one or several sequences, and the bench loops. Included by
+# _llama.pyx.
+
+cdef inline int64_t _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t> ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef class Context:
+    """A llama_context on a Model, with one reusable batch. Free with free() (idempotent)."""
+
+    @cython.boundscheck(False)  # per token of every decode: toks[start, start + n) is in range by construction
+    @cython.wraparound(False)
+    cdef void _fill_batch(self, const int32_t[::1] toks, int32_t start, int32_t n, llama_pos pos0,
+                          int32_t seq_id, bint all_logits, int32_t last):
+        """Tokens [start, start + n) of toks into the batch, at positions pos0 + index in one sequence;
+        logits for every token (all_logits) or only for token `last`."""
+        cdef int32_t i
+        for i in range(n):
+            self.batch.token[i] = toks[start + i]
+            self.batch.pos[i] = pos0 + start + i
+            self.batch.n_seq_id[i] = 1
+            self.batch.seq_id[i][0] = seq_id
+            self.batch.logits[i] = all_logits or start + i == last
+        self.batch.n_tokens = n
+
+    def __cinit__(self):
+        self.ptr = NULL
+        self.batch_cap = 0
+
+    def __init__(self, Model model, *, int n_ctx=0, int n_batch=2048, int n_ubatch=512, int n_seq_max=1,
+                 int n_threads=-1, int n_threads_batch=-1, flash_attn="auto", type_k="f16",
+                 type_v="f16", bint offload_kqv=True, bint op_offload=True, bint split_overlap=False):
+        model._check_open()
+        check_batch_sizes(n_batch, n_ubatch)
+        cdef llama_context_params p = llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = n_batch
+        p.n_ubatch = n_ubatch
+        p.n_seq_max = n_seq_max
+        if n_threads > 0:
+            p.n_threads = n_threads
+        if n_threads_batch > 0:
+            p.n_threads_batch = n_threads_batch
+        elif n_threads > 0:
+            p.n_threads_batch = n_threads
+        p.flash_attn_type = FLASH_ATTN[flash_attn_name(flash_attn)]
+        p.type_k = CACHE_TYPES[cache_type_name(type_k, "type_k")]
+        p.type_v = CACHE_TYPES[cache_type_name(type_v, "type_v")]
+        p.offload_kqv = offload_kqv
+        p.op_offload = op_offload
+        p.split_overlap = split_overlap
+        p.no_perf = True
+        _take_last_error()
+        with nogil:
+            self.ptr = llama_init_from_model(model.ptr, p)
+        if self.ptr == NULL:
+            _check_rpc_servers(model.rpc_servers, "creating the context")
+        _null_check(self.ptr, LlamaError, "failed to create the context")
+        self.model = model
+        model.live_contexts += 1
+        self.batch_cap = llama_n_batch(self.ptr)
+        self.batch = llama_batch_init(self.batch_cap, 0, 1)
+        self.rng = 0x2545F4914F6CDD1DULL
+        _check_rpc_servers(model.rpc_servers, "creating the context")  # on failure, freed with self
+
+    def __dealloc__(self):
+        self._release()
+
+    cdef void _release(self) noexcept:
+        if self.ptr != NULL:
+            llama_free(self.ptr)
+            self.ptr = NULL
+            llama_batch_free(self.batch)
+            self.batch_cap = 0
+            if self.model is not None:
+                self.model.live_contexts -= 1
+
+    def free(self):
+        """Free the context (idempotent)."""
+        self._release()
+
+    cdef void _check_open(self) except *:
+        if self.ptr == NULL:
+            raise ValueError("the context is closed")
+
+    @property
+    def closed(self):
+        return self.ptr == NULL
+
+    @property
+    def n_ctx(self):
+        self._check_open()
+        return llama_n_ctx(self.ptr)
+
+    @property
+    def n_batch(self):
+        self._check_open()
+        return llama_n_batch(self.ptr)
+
+    @property
+    def n_ubatch(self):
+        self._check_open()
+        return llama_n_ubatch(self.ptr)
+
+    @property
+    def n_seq_max(self):
+        self._check_open()
+        return llama_n_seq_max(self.ptr)
+
+    @property
+    def n_ctx_seq(self):
+        """Tokens one sequence may hold: n_ctx / n_seq_max rounded up to 256 (llama.cpp gives each sequence
+        its own part of the KV cache), so n_ctx itself with one sequence."""
+        self._check_open()
+        return llama_n_ctx_seq(self.ptr)
+
+    def n_past(self, int seq_id=0):
+        """Tokens held in the KV cache for a sequence."""
+        self._check_open()
+        return llama_memory_seq_pos_max(llama_get_memory(self.ptr), seq_id) + 1
+
+    def clear(self, bint data=False):
+        """Empty the KV cache (and the recurrent state)."""
+        self._check_open()
+        llama_memory_clear(llama_get_memory(self.ptr), data)
+
+    def truncate(self, int n_keep, int seq_id=0):
+        """Drop every cached position >= n_keep of a sequence."""
+        self._check_open()
+        if not llama_memory_seq_rm(llama_get_memory(self.ptr), seq_id, n_keep, -1):
+            raise LlamaError("this model's memory cannot drop part of a sequence")
+
+    def set_threads(self, int n_threads, int n_threads_batch=-1):
+        self._check_open()
+        llama_set_n_threads(self.ptr, n_threads, n_threads_batch if n_threads_batch > 0 else n_threads)
+
+    def synchronize(self):
+        self._check_open()
+        with nogil:
+            llama_synchronize(self.ptr)
+
+    def decode(self, tokens, *, int seq_id=0, bint all_logits=False):
+        """Append tokens to a sequence; return logits as a float32 array of shape (n_out, n_vocab).
+
+        n_out is len(tokens) with all_logits, else 1 (the last token). The batch is cut into
+        n_batch-sized llama_decode calls; the GIL is released during each.
+        """
+        self._check_open()
+        cdef int32_t[::1] toks = self.model._tokens(tokens)
+        cdef int32_t n = toks.shape[0]
+        if n == 0:
+            raise ValueError("no tokens to decode")
+        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        cdef int32_t n_ctx = llama_n_ctx_seq(self.ptr)  # a sequence's share; all of n_ctx with one sequence
+        cdef llama_pos pos0 = llama_memory_seq_pos_max(llama_get_memory(self.ptr), seq_id) + 1
+        if pos0 + n > n_ctx:
+            raise ContextFullError(f"{pos0} cached + {n} new tokens exceed the context of {n_ctx} tokens")
+        out = np.empty((n if all_logits else 1, n_vocab), dtype=np.float32)
+        cdef float[:, ::1] out_mv = out
+        cdef int32_t done = 0, chunk, i, row = 0, rc
+        cdef float * src
+        while done < n:
+            chunk = min(n - done, self.batch_cap)
+            self._fill_batch(toks, done, chunk, pos0, seq_id, all_logits, n - 1)
+            with nogil:
+                rc = llama_decode(self.ptr, self.batch)
+            if rc != 0:  # a lost RPC server is the cause to report
+                _check_rpc_servers(self.model.rpc_servers, "decode")
+            _check_decode(rc, "decode")
+            for i in range(chunk):
+                if self.batch.logits[i]:
+                    src = llama_get_logits_ith(self.ptr, i)
+                    if src == NULL:
+                        raise DecodeError("no logits for an output token")
+                    memcpy(&out_mv[row, 0], src, n_vocab * sizeof(float))
+                    row += 1
+            self.n_last_outputs = row
+            done += chunk
+        # replies of a lost RPC server read as zeros: checked after the logits were fetched
+        _check_rpc_servers(self.model.rpc_servers, "decode")
+        return out
+
+    cdef int _decode_one(self, llama_token token, llama_pos pos, llama_seq_id seq_id) noexcept nogil:
+        """llama_decode of one token with its logits (output 0)."""
+        self.batch.token[0] = token
+        self.batch.pos[0] = pos
+        self.batch.n_seq_id[0] = 1
+        self.batch.seq_id[0][0] = seq_id
+        self.batch.logits[0] = 1
+        self.batch.n_tokens = 1
+        return llama_decode(self.ptr, self.batch)
+
+    def prefill(self, tokens, *, int seq_id=0):
+        """Append tokens to a sequence, keeping only the last token's logits in the context (for
+        Sampler.sample(ctx) or logprobs(), until the next decode): decode() without the copy."""
+        self._check_open()
+        cdef int32_t[::1] toks = self.model._tokens(tokens)
+        cdef int32_t n = toks.shape[0]
+        if n == 0:
+            raise ValueError("no tokens to decode")
+        cdef llama_pos pos0 = llama_memory_seq_pos_max(llama_get_memory(self.ptr), seq_id) + 1
+        cdef int32_t n_ctx = llama_n_ctx_seq(self.ptr)
+        if pos0 + n > n_ctx:
+            raise ContextFullError(f"{pos0} cached + {n} new tokens exceed the context of {n_ctx} tokens")
+        cdef int32_t done = 0, chunk, rc
+        while done < n:
+            chunk = min(n - done, self.batch_cap)
+            self._fill_batch(toks, done, chunk, pos0, seq_id, False, n - 1)
+            with nogil:
+                rc = llama_decode(self.ptr, self.batch)
+            if rc != 0:
+                _check_rpc_servers(self.model.rpc_servers, "prefill")
+            _check_decode(rc, "prefill")
+            done += chunk
+        self.n_last_outputs = 1
+        _check_rpc_servers(self.model.rpc_servers, "prefill")
+
+    def decode_sample(self, Sampler sampler, int token, *, int seq_id=0):
+        """One generation step in C, the GIL released: decode `token` at the end of a sequence, sample the
+        next token from its logits with `sampler` (accepted) and return it. No logits reach Python."""
+        self._check_open()
+        sampler._check_open()
+        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        if not 0 <= token < n_vocab:
+            raise ValueError(f"token id out of range [0, {n_vocab})")
+        if sampler.n_vocab != n_vocab:
+            raise ValueError("the sampler was made for another vocabulary")
+        cdef llama_pos pos = llama_memory_seq_pos_max(llama_get_memory(self.ptr), seq_id) + 1
+        if pos + 1 > llama_n_ctx_seq(self.ptr):
+            raise ContextFullError(f"{pos} cached + 1 new token exceed the context of {llama_n_ctx_seq(self.ptr)} tokens")
+        cdef int rc
+        cdef llama_token out = LLAMA_TOKEN_NULL
+        with nogil:
+            rc = self._decode_one(token, pos, seq_id)
+            if rc == 0:
+                out = sampler._sample(self.ptr, 0)
+        if rc != 0:
+            _check_rpc_servers(self.model.rpc_servers, "decode")
+        _check_decode(rc, "decode")
+        self.n_last_outputs = 1
+        if self.model.rpc_servers:
+            _check_rpc_servers(self.model.rpc_servers, "decode")
+        if out == LLAMA_TOKEN_NULL:
+            raise DecodeError("no logits for the decoded token")
+        return out
+
+    def logprobs(self, int token, int n_top=0, int idx=-1):
+        """(log p(token), [(id, log p) of the n_top most likely tokens, best first]) for output idx of the
+        last decode: the log-softmax of the model's logits, computed in C (a log-sum-exp over the row and
+        a partial selection of the top n_top). log p(token) is None for a token outside the vocabulary."""
+        self._check_open()
+        if not 0 <= n_top <= MAX_LOGPROBS:
+            raise ValueError(f"n_top must be in [0, {MAX_LOGPROBS}], got {n_top}")
+        cdef const float * row = llama_get_logits_ith(self.ptr, idx)
+        if row == NULL:
+            raise IndexError(f"no logits for output {idx}")
+        return _row_logprobs(row, llama_vocab_n_tokens(self.model.vocab), token, n_top)
+
+    def decode_batch_sample(self, items):
+        """A server's step in C: decode_batch() where every item that asks for an output is sampled in C
+        right after the llama_decode call that holds it (the GIL released), with no logits row copied.
+
+        items: (seq_id, tokens, sampler, n_logprobs) with distinct seq_ids; sampler None: no output for
+        that item (a prompt piece); n_logprobs None: no log-probabilities, else the top n_logprobs.
+        Returns one entry per item, in order: None for items without a sampler, else (token, logprob,
+        top) where logprob and top are None without n_logprobs."""
+        triples = [(s, t, smp is not None) for s, t, smp, _ in items]
+        samplers = [smp for _, _, smp, _ in items if smp is not None]
+        tops = [n for _, _, smp, n in items if smp is not None]
+        for smp in samplers:
+            (<Sampler?> smp)._check_open()
+        for n in tops:
+            if n is not None:
+                check_logprobs(n, "n_logprobs")
+        sampled = self._decode_items(triples, "decode_batch_sample", samplers, tops)
+        out, k = [], 0
+        for _, _, smp, _ in items:
+            out.append(None if smp is None else sampled[k])
+            k += smp is not None
+        return out
+
+    def decode_sequences(self, seqs):
+        """Append tokens to several sequences at once: the tokens of every sequence share each
+        llama_decode call (n_batch at a time, in the order given), as a server batches its slots.
+        seqs: (seq_id, tokens) pairs with distinct seq_ids < n_seq_max. Returns the logits of each
+        sequence's last token, float32 (len(seqs), n_vocab), in the order given."""
+        return self._decode_items([(s, t, True) for s, t in seqs], "decode_sequences")
+
+    def decode_batch(self, items):
+        """Append tokens to several sequences in shared llama_decode calls: a server's step, where some
+        sequences add one generated token and others a piece of their prompt.
+
+        items: (seq_id, tokens, logits) triples with distinct seq_ids < n_seq_max and at least one token
+        each; logits (bool) asks for the logits of the item's last token. Each sequence continues after
+        the positions it holds. The tokens go in the order given, n_batch at a time (one llama_decode
+        call when they fit). Returns float32 (items with logits, n_vocab), in the order given. A sequence
+        that would outgrow its share of the context (n_ctx_seq) raises ContextFullError before any decode.
+        """
+        return self._decode_items([(s, t, bool(want)) for s, t, want in items], "decode_batch")
+
+    @cython.boundscheck(False)  # the per-token batch loop below; every index is built in range above
+    @cython.wraparound(False)   # so no negative index anywhere in this function (tests/test_build.py)
+    def _decode_items(self, list items, str what, list samplers=None, list tops=None):
+        self._check_open()
+        cdef uint32_t n_seq_max = llama_n_seq_max(self.ptr)
+        cdef int32_t n_ctx_seq = llama_n_ctx_seq(self.ptr)
+        cdef llama_memory_t mem = llama_get_memory(self.ptr)
+        ids = [int(s) for s, _, _ in items]
+        if len(set(ids)) != len(ids) or not all(0 <= s < n_seq_max for s in ids):
+            raise ValueError(f"seq_ids must be distinct and in [0, {n_seq_max}): {ids}")
+        arrays = [np.asarray(self.model._tokens(t)) for _, t, _ in items]
+        if not items or any(a.shape[0] == 0 for a in arrays):
+            raise ValueError("every sequence needs at least one token")
+        lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+        pos0 = np.array([llama_memory_seq_pos_max(mem, s) + 1 for s in ids], dtype=np.int64)
+        for s, held, new in zip(ids, pos0, lengths):
+            if held + new > n_ctx_seq:
+                raise ContextFullError(f"sequence {s}: {held} cached + {new} new tokens exceed its context of "
+                                       f"{n_ctx_seq} tokens")
+        # flat per-token arrays: token, sequence, position, and the output row (-1: no logits)
+        ends = np.cumsum(lengths)
+        n_total = int(lengths.sum())  # not ends[-1]: wraparound is off in this function
+        cdef int32_t[::1] tok = np.concatenate(arrays).astype(np.int32)
+        cdef int32_t[::1] seq = np.repeat(np.array(ids, dtype=np.int32), lengths)
+        cdef int32_t[::1] pos = (np.arange(n_total) - np.repeat(ends - lengths, lengths)
+                                 + np.repeat(pos0, lengths)).astype(np.int32)
+        want = np.array([w for _, _, w in items], dtype=bool)
+        rows_np = np.full(n_total, -1, dtype=np.int32)
+        rows_np[ends[want] - 1] = np.arange(int(want.sum()), dtype=np.int32)
+        cdef int32_t[::1] rows = rows_np
+        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        cdef bint in_c = samplers is not None  # sample each output row here instead of copying it out
+        out = [None] * int(want.sum()) if in_c else np.empty((int(want.sum()), n_vocab), dtype=np.float32)
+        cdef float[:, ::1] out_mv = None if in_c else out
+        cdef int32_t total = tok.shape[0], start, n, i, rc
+        cdef llama_token picked
+        cdef Sampler smp
+        cdef float * src
+        for start in range(0, total, self.batch_cap):
+            n = min(self.batch_cap, total - start)
+            for i in range(n):
+                self.batch.token[i] = tok[start + i]
+                self.batch.pos[i] = pos[start + i]
+                self.batch.n_seq_id[i] = 1
+                self.batch.seq_id[i][0] = seq[start + i]
+                self.batch.logits[i] = rows[start + i] >= 0
+            self.batch.n_tokens = n
+            with nogil:
+                rc = llama_decode(self.ptr, self.batch)
+            if rc != 0:
+                _check_rpc_servers(self.model.rpc_servers, what)
+            _check_decode(rc, what)
+            for i in range(n):
+                if rows[start + i] >= 0:
+                    src = llama_get_logits_ith(self.ptr, i)
+                    if src == NULL:
+                        raise DecodeError("no logits for an output token")
+                    if not in_c:
+                        memcpy(&out_mv[rows[start + i], 0], src, n_vocab * sizeof(float))
+                        continue
+                    smp = samplers[rows[start + i]]
+                    with nogil:
+                        picked = smp._sample(self.ptr, i)
+                    if picked == LLAMA_TOKEN_NULL:
+                        raise DecodeError("no logits for an output token")
+                    top = tops[rows[start + i]]
+                    out[rows[start + i]] = (picked,) + (
+                        (None, None) if top is None else _row_logprobs(src, n_vocab, picked, top))
+        _check_rpc_servers(self.model.rpc_servers, what)
+        return out
+
+    def split_overlap_stats(self):
+        """What split overlap did in this context: whether the two lanes exist (else why not), the lane
+        of the next large ubatch, and per lane the ubatches, graph builds, cross-lane waits and records."""
+        self._check_open()
+        cdef llama_split_overlap_stats st
+        st.size = sizeof(llama_split_overlap_stats)
+        if not llama_split_overlap_get_stats(self.ptr, &st):
+            raise LlamaError("llama_split_overlap_get_stats failed")
+        return {
+            "enabled": bool(st.enabled),
+            "reason": (<bytes> llama_split_overlap_reason_str(st.reason)).decode(),
+            "next_lane": st.next_lane,
+            "ubatches": [st.ubatches[0], st.ubatches[1]],
+            "graph_builds": [st.graph_builds[0], st.graph_builds[1]],
+            "waits": [st.waits[0], st.waits[1]],
+            "records": [st.records[0], st.records[1]],
+        }
+
+    @property
+    def graphs_reused(self):
+        """Ubatches for which llama.cpp reused the previous compute graph instead of building one
+        (llama_perf_context's n_reused, counted even without perf timings)."""
+        self._check_open()
+        return llama_perf_context(self.ptr).n_reused
+
+    def logits_view(self, int i=-1):
+        """Zero-copy view of output i of the last llama_decode; valid until the next decode."""
+        self._check_open()
+        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        cdef float * src = llama_get_logits_ith(self.ptr, i)
+        if src == NULL:
+            raise IndexError(f"no logits for output {i}")
+        view = np.asarray(<float[:n_vocab]> src)
+        view.flags.writeable = False
+        return view
+
+    # -- benchmark loops: the same calls as upstream's llama-bench, with no Python in between --
+
+    cdef llama_token _rand_token(self, int32_t n_vocab) noexcept nogil:
+        self.rng ^= self.rng << 13
+        self.rng ^= self.rng >> 7
+        self.rng ^= self.rng << 17
+        return <llama_token> (self.rng % <uint64_t> n_vocab)
+
+    def run_prompt(self, int n_prompt):
+        """Decode n_prompt random tokens in batches of the context's n_batch (one output), then synchronize.
+
+        Returns the host time in ns: from the first llama_decode call to the return of the last one,
+        before the synchronization (on GPUs: the host's work to prepare and queue the ubatches, and any
+        waits inside llama_decode).
+        """
+        self._check_open()
+        cdef int32_t n_batch = self.batch_cap  # llama.cpp's n_batch, capped at n_ctx
+        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        cdef bint add_bos = llama_vocab_get_add_bos(self.model.vocab)
+        cdef llama_token bos = llama_vocab_bos(self.model.vocab)
+        cdef int32_t done = 0, chunk, i, rc = 0
+        cdef int64_t t0 = 0, t1 = 0
+        with nogil:
+            while done < n_prompt:
+                chunk = min(n_prompt - done, n_batch)
+                for i in range(chunk):
+                    self.batch.token[i] = self._rand_token(n_vocab)
+                if done == 0 and add_bos:
+                    self.batch.token[0] = bos
+                if done == 0:
+                    t0 = _now_ns()
+                rc = llama_decode(self.ptr, llama_batch_get_one(self.batch.token, chunk))
+                if rc != 0:
+                    break
+                done += chunk
+            t1 = _now_ns()
+            if rc == 0:
+                llama_synchronize(self.ptr)
+        _check_rpc_servers(self.model.rpc_servers, "prompt run")
+        _check_decode(rc, "prompt run")
+        return t1 - t0 if n_prompt > 0 else 0
+
+    def run_gen(self, int n_gen):
+        """Decode n_gen single random tokens, synchronizing after each (as llama-bench's tg).
+
+        Returns the host time in ns: the llama_decode calls' time, without the synchronizations.
+        """
+        self._check_open()
+        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        cdef llama_pos pos = llama_memory_seq_pos_max(llama_get_memory(self.ptr), 0) + 1
+        cdef int32_t i, rc = 0
+        cdef int64_t t0, host_ns = 0
+        cdef llama_token tok = llama_vocab_bos(self.model.vocab) if llama_vocab_get_add_bos(self.model.vocab) \
+            else self._rand_token(n_vocab)
+        with nogil:
+            for i in range(n_gen):
+                self.batch.token[0] = tok
+                self.batch.pos[0] = pos
+                self.batch.n_seq_id[0] = 1
+                self.batch.seq_id[0][0] = 0
+                self.batch.logits[0] = 1
+                self.batch.n_tokens = 1
+                t0 = _now_ns()
+                rc = llama_decode(self.ptr, self.batch)
+                host_ns += _now_ns() - t0
+                if rc != 0:
+                    break
+                llama_synchronize(self.ptr)
+                pos += 1
+                tok = self._rand_token(n_vocab)
+        _check_rpc_servers(self.model.rpc_servers, "generation run")
+        _check_decode(rc, "generation run")
+        return host_ns

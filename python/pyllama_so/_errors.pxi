@@ -1,0 +1,115 @@
+# Exceptions, llama.cpp's log callback, and the one place where C return codes become exceptions.
+# Included by _llama.pyx.
+
+class LlamaError(RuntimeError):
+    """An error reported by llama.cpp."""
+
+
+class ModelLoadError(LlamaError, ValueError):
+    """The model file (or metadata) could not be turned into a model."""
+
+
+class ContextFullError(LlamaError):
+    """The KV cache has no room for the batch: raise n_ctx or clear the context."""
+
+
+class DecodeError(LlamaError):
+    """llama_decode failed for a reason other than a full context."""
+
+
+class QuantizeError(LlamaError):
+    """llama_model_quantize failed (unreadable input, unwritable output, unsupported tensor...)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# logging: llama.cpp logs from any thread, so the callback touches no Python object.
+
+cdef extern from *:
+    """
+    // The last error line llama.cpp logged on this thread: decodes run without the GIL, so two
+    // threads must not read each other's message.
+    static thread_local char pyllama_so_last_error[1024];
+    """
+    char _last_error "pyllama_so_last_error"[1024]
+
+cdef int _log_threshold = GGML_LOG_LEVEL_WARN
+cdef bint _log_last_shown = False
+
+cdef void _log_callback(ggml_log_level level, const char * text, void * user_data) noexcept nogil:
+    global _log_last_shown
+    cdef bint show
+    if level == GGML_LOG_LEVEL_CONT:
+        show = _log_last_shown
+    else:
+        show = level != GGML_LOG_LEVEL_NONE and <int> level >= _log_threshold
+        if level == GGML_LOG_LEVEL_ERROR:
+            strncpy(_last_error, text, sizeof(_last_error) - 1)
+            _last_error[sizeof(_last_error) - 1] = 0
+    if show:
+        fputs(text, stderr)
+        fflush(stderr)
+    _log_last_shown = show
+
+_LOG_LEVELS = {"debug": GGML_LOG_LEVEL_DEBUG, "info": GGML_LOG_LEVEL_INFO, "warn": GGML_LOG_LEVEL_WARN,
+               "error": GGML_LOG_LEVEL_ERROR, "none": 99}
+
+
+# the level the user chose with set_log_level, or -1 for none: Llama's verbose= must not override it
+cdef int _log_explicit = -1
+
+
+def set_log_level(level):
+    """Show llama.cpp log lines at this level and above: debug, info, warn (default), error, none.
+
+    A level set here stays until the next call: Llama(verbose=True) may only lower it to info.
+    None forgets it (back to warn, and to what verbose= asks for).
+    """
+    global _log_threshold, _log_explicit
+    if level is None:
+        _log_explicit = -1
+        _log_threshold = GGML_LOG_LEVEL_WARN
+        return
+    if not isinstance(level, str) or level not in _LOG_LEVELS:
+        raise ValueError(f"unknown log level {level!r}; expected one of {sorted(_LOG_LEVELS)} or None")
+    _log_explicit = _log_threshold = _LOG_LEVELS[level]
+
+
+def set_verbose(bint verbose):
+    """Llama's verbose=: info lines and above when True, else the default (warn). A level set with
+    set_log_level is kept, except that verbose=True lowers it to info."""
+    global _log_threshold
+    cdef int base = _log_explicit if _log_explicit >= 0 else <int> GGML_LOG_LEVEL_WARN
+    _log_threshold = min(base, <int> GGML_LOG_LEVEL_INFO) if verbose else base
+
+
+cdef str _take_last_error():
+    """The calling thread's last logged error (empty if none), cleared."""
+    msg = (<bytes> _last_error).decode("utf-8", "replace").strip()
+    _last_error[0] = 0
+    return msg
+
+
+cdef _check_decode(int rc, str what, str call="llama_decode"):
+    """The one place where llama_decode's (and llama_encode's) return codes become exceptions."""
+    if rc == 0:
+        return
+    if rc == 1:
+        raise ContextFullError(f"{what}: no KV-cache slot for the batch (the context is full; raise n_ctx)")
+    if rc == 2:
+        raise DecodeError(f"{what}: aborted")
+    detail = _take_last_error()
+    if rc == -1:
+        raise ValueError(f"{what}: invalid batch" + (f" ({detail})" if detail else ""))
+    raise DecodeError(f"{what}: {call} returned {rc}" + (f": {detail}" if detail else ""))
+
+
+cdef _null_check(const void * ptr, exc_type, str what):
+    if ptr == NULL:
+        detail = _take_last_error()
+        raise exc_type(what + (f": {detail}" if detail else ""))
+
+
+cdef _check_quantize(uint32_t rc, str what):
+    if rc != 0:
+        detail = _take_last_error()
+        raise QuantizeError(what + (f": {detail}" if detail else f" (llama_model_quantize returned {rc})"))

@@ -1,0 +1,273 @@
+# The model: loading a GGUF file, its metadata, the vocabulary. Included by _llama.pyx.
+
+cdef cbool _silent_progress(float progress, void * user_data) noexcept nogil:
+    return True
+
+
+cdef cbool _python_progress(float progress, void * user_data) noexcept nogil:
+    """user_data is a list [callback, exception]: an exception cancels the load and is kept for the caller."""
+    with gil:
+        state = <list> user_data
+        try:
+            return bool(state[0](progress))
+        except BaseException as e:
+            state[1] = e
+            return False
+
+
+cdef class Model:
+    """A loaded llama_model. Free it with free() (idempotent) after every Context on it is freed."""
+
+    def __dealloc__(self):
+        if self.ptr != NULL and self.live_contexts == 0:
+            llama_model_free(self.ptr)
+            self.ptr = NULL
+
+    @staticmethod
+    cdef llama_model_params _params(int n_gpu_layers, object split_mode, int main_gpu, float * split_buf,
+                                    object tensor_split, bint use_mmap, float * attn_buf=NULL,
+                                    object attn_split=None, object n_devices=None) except *:
+        """Model params; split_buf and attn_buf have llama_max_devices() entries (attn_buf may be NULL when
+        attn_split is None). attn_split needs split_mode "tensor"."""
+        cdef llama_model_params p = llama_model_default_params()
+        p.n_gpu_layers = n_gpu_layers
+        p.split_mode = SPLIT_MODES[split_mode_name(split_mode)]
+        p.main_gpu = main_gpu
+        p.load_mode = LLAMA_LOAD_MODE_AUTO if use_mmap else LLAMA_LOAD_MODE_NONE
+        p.progress_callback = _silent_progress
+        if tensor_split is not None:
+            for i, v in enumerate(check_tensor_split(tensor_split, n_devices)):  # split_buf has llama_max_devices() entries
+                split_buf[i] = v
+            p.tensor_split = split_buf
+        if attn_split is not None:
+            if split_mode_name(split_mode) != "tensor":
+                raise ValueError(f'attn_split needs split_mode="tensor", not {split_mode_name(split_mode)!r}')
+            for i, v in enumerate(check_attn_split(attn_split, n_devices)):
+                attn_buf[i] = v
+            p.attn_split = attn_buf
+        return p
+
+    @staticmethod
+    def load(path, *, int n_gpu_layers=-1, split_mode="layer", int main_gpu=0, tensor_split=None,
+             bint use_mmap=True, progress=None, attn_split=None, rpc_servers=None):
+        """Load a GGUF file. Raises ModelLoadError for a file llama.cpp cannot load (Llama checks that it exists).
+        attn_split (split_mode "tensor" only): the attention heads' and KV cache's proportions per device.
+        rpc_servers ("host:port" list or comma-separated string): the devices of these RPC servers come
+        first, then the local ones (tensor_split and main_gpu count them in that order); RPCConnectionError
+        for a server that cannot be reached."""
+        cdef float * split_buf = <float *> calloc(llama_max_devices(), sizeof(float))
+        cdef float * attn_buf = <float *> calloc(llama_max_devices(), sizeof(float))
+        cdef llama_model_params p
+        cdef vector[ggml_backend_dev_t] devs
+        cdef Model model
+        endpoints = rpc_endpoints(rpc_servers) if rpc_servers is not None else []
+        progress_state = [progress, None]
+        try:
+            if endpoints:
+                devs = _rpc_model_devices(endpoints, split_mode_name(split_mode))
+                if split_mode_name(split_mode) == "none" and not 0 <= main_gpu < <int> devs.size():
+                    raise ValueError(f"main_gpu {main_gpu} out of range: {devs.size()} device(s)")
+                devs.push_back(NULL)
+            p = Model._params(n_gpu_layers, split_mode, main_gpu, split_buf, tensor_split, use_mmap,
+                              attn_buf, attn_split, devs.size() - 1 if endpoints else None)
+            if endpoints:
+                p.devices = devs.data()
+            if progress is not None:
+                p.progress_callback = _python_progress
+                p.progress_callback_user_data = <void *> progress_state
+            model = Model._load(path, p)
+            model.rpc_servers = tuple(endpoints)
+            try:
+                _check_rpc_servers(model.rpc_servers, "loading the model")
+            except BaseException:
+                model.free()
+                raise
+            return model
+        except ModelLoadError as e:
+            if progress_state[1] is not None:  # the callback raised: that is the error, not the cancel
+                raise progress_state[1]
+            _check_rpc_servers(tuple(endpoints), "loading the model")  # a lost server is the cause
+            if split_mode_name(split_mode) == "tensor" and gpu_device_count() == 0:
+                raise ModelLoadError(f"{e}. Tensor split needs devices other than the CPU and there is no GPU: "
+                                     "set GGML_CPU_VIRTUAL_DEVICES=2 or call pyllama_so.cpu_virtual_devices(2) "
+                                     "before loading to split over CPU virtual devices") from None
+            raise
+        finally:
+            free(split_buf)
+            free(attn_buf)
+
+    @staticmethod
+    cdef Model _load(path, llama_model_params p):
+        """llama_model_load_from_file with these params; ModelLoadError when llama.cpp rejects it."""
+        cdef Model self = Model.__new__(Model)
+        cdef bytes bpath = str(path).encode()
+        cdef const char * cpath = bpath
+        _take_last_error()
+        with nogil:
+            self.ptr = llama_model_load_from_file(cpath, p)
+        _null_check(self.ptr, ModelLoadError, f"failed to load model from {path}")
+        self.vocab = llama_model_get_vocab(self.ptr)
+        self.path = str(path)
+        self.rpc_servers = ()
+        return self
+
+    @staticmethod
+    cdef Model _adopt(llama_model * ptr, path):
+        """A Model owning ptr (not NULL): freed with the Model."""
+        cdef Model self = Model.__new__(Model)
+        self.ptr = ptr
+        self.vocab = llama_model_get_vocab(ptr)
+        self.path = None if path is None else str(path)
+        self.rpc_servers = ()
+        return self
+
+    cdef void _check_open(self) except *:
+        if self.ptr == NULL:
+            raise ValueError("the model is closed")
+
+    def free(self):
+        """Free the model. Idempotent. Every Context on it must be freed first."""
+        if self.ptr == NULL:
+            return
+        if self.live_contexts:
+            raise LlamaError(f"{self.live_contexts} context(s) still use this model: free them first")
+        llama_model_free(self.ptr)
+        self.ptr = NULL
+
+    @property
+    def closed(self):
+        return self.ptr == NULL
+
+    @property
+    def n_vocab(self):
+        self._check_open()
+        return llama_vocab_n_tokens(self.vocab)
+
+    @property
+    def n_embd(self):
+        self._check_open()
+        return llama_model_n_embd(self.ptr)
+
+    @property
+    def n_layer(self):
+        self._check_open()
+        return llama_model_n_layer(self.ptr)
+
+    @property
+    def n_ctx_train(self):
+        self._check_open()
+        return llama_model_n_ctx_train(self.ptr)
+
+    @property
+    def n_params(self):
+        self._check_open()
+        return llama_model_n_params(self.ptr)
+
+    @property
+    def size(self):
+        """Bytes of weights."""
+        self._check_open()
+        return llama_model_size(self.ptr)
+
+    @property
+    def desc(self):
+        cdef char buf[256]
+        self._check_open()
+        llama_model_desc(self.ptr, buf, sizeof(buf))
+        return (<bytes> buf).decode("utf-8", "replace")
+
+    def meta(self, str key):
+        """A metadata value as a string, or None."""
+        cdef char buf[1024]
+        self._check_open()
+        n = llama_model_meta_val_str(self.ptr, key.encode(), buf, sizeof(buf))
+        return None if n < 0 else (<bytes> buf).decode("utf-8", "replace")
+
+    def chat_template(self, name=None):
+        """The model's chat template (tokenizer.chat_template, or the named variant), or None."""
+        self._check_open()
+        cdef bytes bname
+        cdef const char * res
+        if name is None:
+            res = llama_model_chat_template(self.ptr, NULL)
+        else:
+            bname = str(name).encode()
+            res = llama_model_chat_template(self.ptr, bname)
+        return None if res == NULL else (<bytes> res).decode("utf-8", "replace")
+
+    @property
+    def token_bos(self):
+        self._check_open()
+        return llama_vocab_bos(self.vocab)
+
+    @property
+    def token_eos(self):
+        self._check_open()
+        return llama_vocab_eos(self.vocab)
+
+    @property
+    def add_bos(self):
+        self._check_open()
+        return llama_vocab_get_add_bos(self.vocab)
+
+    def is_eog(self, int token):
+        self._check_open()
+        return llama_vocab_is_eog(self.vocab, token)
+
+    def tokenize(self, text, *, bint add_special=True, bint parse_special=False):
+        """Text (str or UTF-8 bytes) to an int32 numpy array of token ids."""
+        self._check_open()
+        cdef bytes b
+        if isinstance(text, str):
+            b = text.encode("utf-8")
+        elif isinstance(text, (bytes, bytearray)):
+            b = bytes(text)
+        else:  # bytes(123) would be 123 zero bytes
+            raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
+        cdef int32_t n_max = len(b) + 8
+        cdef int32_t[::1] out = np.empty(n_max, dtype=np.int32)
+        cdef int32_t n = llama_tokenize(self.vocab, b, len(b), &out[0], n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            out = np.empty(n_max, dtype=np.int32)
+            n = llama_tokenize(self.vocab, b, len(b), &out[0], n_max, add_special, parse_special)
+        if n < 0:
+            raise LlamaError("tokenization failed")
+        return np.asarray(out[:n]).copy()
+
+    def detokenize_bytes(self, tokens, *, bint remove_special=False, bint unparse_special=False):
+        self._check_open()
+        cdef int32_t[::1] toks = self._tokens(tokens)
+        cdef int32_t n_tok = toks.shape[0]
+        if n_tok == 0:
+            return b""
+        cdef int32_t cap = n_tok * 8 + 16
+        cdef char * buf = <char *> malloc(cap)
+        cdef int32_t n
+        try:
+            n = llama_detokenize(self.vocab, &toks[0], n_tok, buf, cap, remove_special, unparse_special)
+            if n < 0:
+                cap = -n
+                free(buf)
+                buf = <char *> malloc(cap)
+                n = llama_detokenize(self.vocab, &toks[0], n_tok, buf, cap, remove_special, unparse_special)
+            if n < 0:
+                raise LlamaError("detokenization failed")
+            return PyBytes_FromStringAndSize(buf, n)
+        finally:
+            free(buf)
+
+    def token_to_piece(self, int token, *, bint special=False):
+        cdef char buf[256]
+        self._check_open()
+        n = llama_token_to_piece(self.vocab, token, buf, sizeof(buf), 0, special)
+        if n < 0:
+            raise LlamaError(f"token {token}: piece longer than {sizeof(buf)} bytes")
+        return PyBytes_FromStringAndSize(buf, n)
+
+    cdef int32_t[::1] _tokens(self, tokens):
+        arr = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        n_vocab = llama_vocab_n_tokens(self.vocab)
+        if arr.size and (arr.min() < 0 or arr.max() >= n_vocab):
+            raise ValueError(f"token id out of range [0, {n_vocab})")
+        return arr

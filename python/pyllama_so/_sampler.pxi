@@ -1,0 +1,328 @@
+# llama.cpp's sampler chain (llama_sampler_*), built from llama-cpp-python's parameter names, and the
+# log-probabilities of an output row. Included by _llama.pyx. The parameters are validated by
+# pyllama_so.sampling.SamplingParams; what needs the vocabulary (logit_bias) is checked here.
+#
+# The chain's order is that of llama.cpp's common sampler (common/sampling.cpp, common_params_sampling's
+# default list): logit bias, penalties, DRY, top-n-sigma, top-k, typical-p, top-p, min-p, XTC,
+# temperature, then the distribution draw; mirostat 1/2 replace everything after DRY by temperature and
+# the mirostat draw; temperature 0 ends the chain with greedy (argmax) instead. Samplers whose
+# parameters make them a no-op are left out, which changes nothing but time.
+
+from libc.math cimport exp, log, INFINITY
+
+# top_logprobs / logprobs above this are a ValueError (OpenAI's own limit for top_logprobs)
+MAX_LOGPROBS = 20
+
+
+cdef list _logit_bias_entries(object logit_bias, int32_t n_vocab):
+    """{token id: bias} (ids as int or as decimal str, as JSON gives them) to (id, bias) pairs."""
+    if logit_bias is None:
+        return []
+    if not hasattr(logit_bias, "items"):
+        raise ValueError(f"logit_bias must be a mapping of token id to bias, not {type(logit_bias).__name__}")
+    out = []
+    for key, value in logit_bias.items():
+        try:
+            tok = int(key) if isinstance(key, (int, str)) and not isinstance(key, bool) else None
+        except ValueError:
+            tok = None
+        if tok is None or not 0 <= tok < n_vocab:
+            raise ValueError(f"logit_bias: {key!r} is not a token id of the vocabulary [0, {n_vocab})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise ValueError(f"logit_bias: the bias of token {tok} must be a number, not {value!r}")
+        out.append((tok, float(value)))
+    return out
+
+
+cdef class Sampler:
+    """A llama.cpp sampler chain for one generation: sample() draws from an output row of a Context's last
+    decode in C and accepts the token (penalties, DRY, mirostat and grammar keep their state). Free with
+    free() (idempotent); any use after that is a ValueError.
+
+    params: a pyllama_so.sampling.SamplingParams. n_ctx resolves penalty_last_n / dry_penalty_last_n -1
+    (the whole context). grammar: GBNF text; it is applied as llama.cpp's common sampler does: the chain
+    draws first, and only a token the grammar rejects makes it draw again from the grammar-filtered row.
+    """
+
+    def __cinit__(self):
+        self.chain = NULL
+        self.grammar = NULL
+        self.cur = NULL
+
+    def __init__(self, Model model, params, *, int n_ctx=0, grammar=None, str grammar_root="root"):
+        model._check_open()
+        self.model = model
+        self.n_vocab = llama_vocab_n_tokens(model.vocab)
+        self.params = {k: getattr(params, k) for k in params.__dataclass_fields__}
+        bias = _logit_bias_entries(params.logit_bias, self.n_vocab)
+        seed = params.seed
+        self.seed = LLAMA_DEFAULT_SEED if seed is None or seed < 0 else <uint32_t> (seed & 0xFFFFFFFF)
+        if self.seed == LLAMA_DEFAULT_SEED:  # llama.cpp would draw one; draw it here so that .seed tells it
+            self.seed = <uint32_t> (int.from_bytes(os.urandom(4), "little") % 0xFFFFFFFF)
+        if grammar is not None:
+            self._init_grammar(grammar, grammar_root)
+        cdef llama_sampler_chain_params cp = llama_sampler_chain_default_params()
+        cp.no_perf = True
+        self.chain = llama_sampler_chain_init(cp)
+        _null_check(self.chain, LlamaError, "llama_sampler_chain_init failed")
+        self._add_members(params, bias, n_ctx)
+
+    cdef _init_grammar(self, grammar, str root):
+        if not isinstance(grammar, str):
+            raise ValueError(f"grammar must be GBNF text, not {type(grammar).__name__}")
+        cdef bytes btext = grammar.encode()
+        cdef bytes broot = root.encode()
+        if b"\0" in btext:
+            raise ValueError("grammar contains a NUL character")
+        _take_last_error()
+        self.grammar = llama_sampler_init_grammar(self.model.vocab, btext, broot)
+        if self.grammar == NULL:
+            detail = _take_last_error()
+            raise ValueError("invalid grammar" + (f": {detail}" if detail else ""))
+        self.cur = <llama_token_data *> malloc(self.n_vocab * sizeof(llama_token_data))
+        if self.cur == NULL:
+            raise MemoryError()
+
+    cdef _add_members(self, params, list bias, int n_ctx):
+        cdef llama_logit_bias * lb
+        cdef int32_t i
+        if bias:
+            lb = <llama_logit_bias *> malloc(len(bias) * sizeof(llama_logit_bias))
+            for i, (tok, b) in enumerate(bias):
+                lb[i].token = tok
+                lb[i].bias = b
+            self._add(llama_sampler_init_logit_bias(self.n_vocab, len(bias), lb))  # copies the array
+            free(lb)
+        last_n = n_ctx if params.penalty_last_n == -1 else params.penalty_last_n
+        if last_n != 0 and (params.repeat_penalty != 1.0 or params.frequency_penalty != 0.0
+                            or params.presence_penalty != 0.0):
+            self._add(llama_sampler_init_penalties(self.n_vocab, last_n, params.repeat_penalty,
+                                                   params.frequency_penalty, params.presence_penalty))
+        dry_last_n = n_ctx if params.dry_penalty_last_n == -1 else params.dry_penalty_last_n
+        if params.dry_multiplier > 0 and params.dry_base >= 1.0 and dry_last_n != 0:
+            self._add_dry(params, dry_last_n)
+        cdef float temp = params.temperature
+        if temp == 0:
+            self._add(llama_sampler_init_greedy())
+            return
+        if params.mirostat_mode == 1:
+            self._add(llama_sampler_init_temp(temp))
+            self._add(llama_sampler_init_mirostat(self.n_vocab, self.seed, params.mirostat_tau, params.mirostat_eta, 100))
+            return
+        if params.mirostat_mode == 2:
+            self._add(llama_sampler_init_temp(temp))
+            self._add(llama_sampler_init_mirostat_v2(self.seed, params.mirostat_tau, params.mirostat_eta))
+            return
+        cdef size_t min_keep = params.min_keep
+        if params.top_n_sigma > 0:
+            self._add(llama_sampler_init_top_n_sigma(params.top_n_sigma))
+        if params.top_k > 0:
+            self._add(llama_sampler_init_top_k(params.top_k))
+        if params.typical_p < 1.0:
+            self._add(llama_sampler_init_typical(params.typical_p, min_keep))
+        if params.top_p < 1.0:
+            self._add(llama_sampler_init_top_p(params.top_p, min_keep))
+        if params.min_p > 0:
+            self._add(llama_sampler_init_min_p(params.min_p, min_keep))
+        if params.xtc_probability > 0:
+            self._add(llama_sampler_init_xtc(params.xtc_probability, params.xtc_threshold, min_keep, self.seed))
+        self._add(llama_sampler_init_temp_ext(temp, 0.0, 1.0))
+        self._add(llama_sampler_init_dist(self.seed))
+
+    cdef _add_dry(self, params, int32_t last_n):
+        breakers = [s.encode() for s in params.dry_sequence_breakers]
+        cdef Py_ssize_t n = len(breakers), i
+        cdef const char ** arr = <const char **> calloc(max(n, 1), sizeof(char *))
+        try:
+            for i in range(n):
+                arr[i] = <const char *> (<bytes> breakers[i])
+            self._add(llama_sampler_init_dry(self.model.vocab, params.dry_multiplier, params.dry_base,
+                                             params.dry_allowed_length, last_n, arr, n))
+        finally:
+            free(arr)
+
+    cdef _add(self, llama_sampler * member):
+        _null_check(member, LlamaError, "a llama.cpp sampler could not be created")
+        llama_sampler_chain_add(self.chain, member)  # the chain owns it from here
+
+    def __dealloc__(self):
+        self.free()
+
+    def free(self):
+        """Free the chain and the grammar (idempotent)."""
+        if self.chain != NULL:
+            llama_sampler_free(self.chain)
+            self.chain = NULL
+        if self.grammar != NULL:
+            llama_sampler_free(self.grammar)
+            self.grammar = NULL
+        free(self.cur)
+        self.cur = NULL
+
+    @property
+    def closed(self):
+        return self.chain == NULL
+
+    cdef void _check_open(self) except *:
+        if self.chain == NULL:
+            raise ValueError("the sampler is freed")
+
+    @property
+    def members(self):
+        """The names of the chain's samplers, in order (the grammar, if any, is not among them)."""
+        self._check_open()
+        return [(<bytes> llama_sampler_name(llama_sampler_chain_get(self.chain, i))).decode()
+                for i in range(llama_sampler_chain_n(self.chain))]
+
+    @property
+    def has_grammar(self):
+        return self.grammar != NULL
+
+    cdef llama_token _sample(self, llama_context * ctx, int32_t idx) noexcept nogil:
+        """Sample from output idx and accept the token; LLAMA_TOKEN_NULL when there is no such output."""
+        cdef const float * logits = llama_get_logits_ith(ctx, idx)
+        if logits == NULL:  # llama_sampler_sample would abort
+            return LLAMA_TOKEN_NULL
+        if self.grammar == NULL:
+            return llama_sampler_sample(self.chain, ctx, idx)
+        cdef llama_token_data_array arr
+        cdef llama_token_data one
+        cdef llama_token_data_array single
+        cdef llama_token tok
+        cdef int32_t i
+        for i in range(self.n_vocab):
+            self.cur[i].id = i
+            self.cur[i].logit = logits[i]
+            self.cur[i].p = 0
+        arr.data, arr.size, arr.selected, arr.sorted = self.cur, self.n_vocab, -1, False
+        llama_sampler_apply(self.chain, &arr)
+        tok = arr.data[arr.selected].id
+        one.id, one.logit, one.p = tok, 1.0, 0.0
+        single.data, single.size, single.selected, single.sorted = &one, 1, -1, False
+        llama_sampler_apply(self.grammar, &single)
+        if not one.logit > -INFINITY:  # rejected: draw again from the row the grammar allows
+            for i in range(self.n_vocab):
+                self.cur[i].id = i
+                self.cur[i].logit = logits[i]
+                self.cur[i].p = 0
+            arr.data, arr.size, arr.selected, arr.sorted = self.cur, self.n_vocab, -1, False
+            llama_sampler_apply(self.grammar, &arr)
+            llama_sampler_apply(self.chain, &arr)
+            tok = arr.data[arr.selected].id
+        llama_sampler_accept(self.grammar, tok)
+        llama_sampler_accept(self.chain, tok)
+        return tok
+
+    def sample(self, Context ctx, int idx=-1):
+        """Sample a token from output idx (-1: the last) of ctx's last decode and accept it."""
+        self._check_open()
+        ctx._check_open()
+        if ctx.model.n_vocab != self.n_vocab:
+            raise ValueError("the context's model has another vocabulary than the sampler's")
+        cdef llama_token tok
+        with nogil:
+            tok = self._sample(ctx.ptr, idx)
+        if tok == LLAMA_TOKEN_NULL:
+            raise DecodeError(f"no logits for output {idx} of the last decode")
+        return tok
+
+    def sample_logits(self, logits):
+        """Sample a token from a logits row given in Python (a logits processor's output) and accept it:
+        the chain (and grammar) of sample(), on a copy."""
+        self._check_open()
+        cdef const float[::1] row = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
+        if row.shape[0] != self.n_vocab:
+            raise ValueError(f"logits must have n_vocab = {self.n_vocab} entries, got {row.shape[0]}")
+        if self.cur == NULL:
+            self.cur = <llama_token_data *> malloc(self.n_vocab * sizeof(llama_token_data))
+            if self.cur == NULL:
+                raise MemoryError()
+        cdef llama_token_data_array arr
+        cdef int32_t i
+        cdef llama_token tok
+        with nogil:
+            for i in range(self.n_vocab):
+                self.cur[i].id = i
+                self.cur[i].logit = row[i]
+                self.cur[i].p = 0
+            arr.data, arr.size, arr.selected, arr.sorted = self.cur, self.n_vocab, -1, False
+            if self.grammar != NULL:
+                llama_sampler_apply(self.grammar, &arr)
+            llama_sampler_apply(self.chain, &arr)
+            tok = arr.data[arr.selected].id if arr.selected >= 0 else LLAMA_TOKEN_NULL
+            if tok != LLAMA_TOKEN_NULL:
+                if self.grammar != NULL:
+                    llama_sampler_accept(self.grammar, tok)
+                llama_sampler_accept(self.chain, tok)
+        if tok == LLAMA_TOKEN_NULL:
+            raise LlamaError("the sampler chain selected no token")
+        return tok
+
+    def accept(self, tokens):
+        """Add tokens to the history of the penalties, DRY and mirostat (a prompt, before generating):
+        not to the grammar, which only follows generated tokens."""
+        self._check_open()
+        cdef int32_t[::1] toks = self.model._tokens(tokens)
+        cdef Py_ssize_t i
+        with nogil:
+            for i in range(toks.shape[0]):
+                llama_sampler_accept(self.chain, toks[i])
+
+    def accept_generated(self, int token):
+        """Accept a token chosen outside sample() (e.g. by a logits processor) into chain and grammar."""
+        self._check_open()
+        if self.grammar != NULL:
+            llama_sampler_accept(self.grammar, token)
+        llama_sampler_accept(self.chain, token)
+
+    def reset(self):
+        """Forget the history (penalties, DRY, mirostat, grammar state); the draw restarts from the seed."""
+        self._check_open()
+        llama_sampler_reset(self.chain)
+        if self.grammar != NULL:
+            llama_sampler_reset(self.grammar)
+
+
+cdef tuple _row_logprobs(const float * row, int32_t n_vocab, llama_token token, int n_top):
+    """(log p(token), [(id, log p) of the n_top most likely, best first]) of a logits row: a log-sum-exp
+    over the row and a partial selection (one pass, n_top kept in order), no sort of the vocabulary."""
+    cdef int32_t * ids = <int32_t *> malloc(max(n_top, 1) * sizeof(int32_t))
+    cdef float * vals = <float *> malloc(max(n_top, 1) * sizeof(float))
+    cdef int32_t i, j, k = 0
+    cdef float m = -INFINITY, v
+    cdef double s = 0.0, lse
+    try:
+        with nogil:
+            for i in range(n_vocab):
+                if row[i] > m:
+                    m = row[i]
+            for i in range(n_vocab):
+                v = row[i]
+                s += exp(v - m)
+                if n_top > 0 and (k < n_top or v > vals[k - 1]):
+                    j = k if k < n_top else n_top - 1
+                    while j > 0 and vals[j - 1] < v:  # equal values keep the lower id first
+                        vals[j] = vals[j - 1]
+                        ids[j] = ids[j - 1]
+                        j -= 1
+                    vals[j] = v
+                    ids[j] = i
+                    if k < n_top:
+                        k += 1
+            lse = m + log(s)
+        return (float(row[token] - lse) if 0 <= token < n_vocab else None,
+                [(ids[j], float(vals[j] - lse)) for j in range(k)])
+    finally:
+        free(ids)
+        free(vals)
+
+
+def check_logprobs(value, str name="logprobs"):
+    """A logprobs / top_logprobs count: None or an int in [0, MAX_LOGPROBS]."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], not {value!r}")
+    if not 0 <= value <= MAX_LOGPROBS:
+        raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
+    return value

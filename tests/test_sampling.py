@@ -1,0 +1,278 @@
+"""llama.cpp's sampler chain from Python: greedy equals argmax, seeds reproduce, every parameter has an
+effect a test can see, logprobs equal a log-softmax of eval()'s logits, and bad values are ValueErrors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyllama_so import Llama, LlamaGrammar, _llama
+from pyllama_so.sampling import SamplingParams
+
+PROMPT = "The quick brown fox jumps over the lazy dog. 0123456789"
+REPEATING = "one two three one two three one two three one two three one two three"
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model: Path) -> Iterator[Llama]:
+    with Llama(tiny_model, n_ctx=512, n_threads=2, seed=7) as llm:
+        yield llm
+
+
+def greedy_by_eval(llm: Llama, prompt: list[int], n: int) -> list[int]:
+    """The greedy continuation computed from eval()'s logits with numpy: what the sampler must equal."""
+    llm.reset()
+    logits = llm.eval(prompt)[-1]
+    out = []
+    for _ in range(n):
+        tok = int(np.argmax(logits))
+        out.append(tok)
+        logits = llm.eval([tok])[-1]
+    llm.reset()
+    return out
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    x = row.astype(np.float64)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+@pytest.mark.parametrize("model", ["tiny", "small"])
+def test_greedy_equals_argmax_of_eval(request: pytest.FixtureRequest, model: str) -> None:
+    path = request.getfixturevalue("tiny_model") if model == "tiny" else request.getfixturevalue("small_model")
+    with Llama(path, n_ctx=512, n_threads=2) as llm:
+        prompt = llm.tokenize(PROMPT)
+        expected = greedy_by_eval(llm, prompt, 24)
+        got = list(llm.generate(prompt, max_tokens=24, temperature=0, stop_on_eog=False))
+        assert got == expected
+        text = llm.create_completion(PROMPT, max_tokens=24, temperature=0)["choices"][0]["text"]
+        assert llm.detokenize(expected).decode("utf-8", "replace").startswith(text)
+
+
+def test_top_k_1_equals_greedy(llm: Llama) -> None:
+    prompt = llm.tokenize(PROMPT)
+    greedy = list(llm.generate(prompt, max_tokens=16, temperature=0, stop_on_eog=False))
+    top1 = list(llm.generate(prompt, max_tokens=16, temperature=1.5, top_k=1, seed=3, stop_on_eog=False))
+    assert top1 == greedy
+
+
+def test_seed_reproduces_and_differs(llm: Llama) -> None:
+    prompt = llm.tokenize(PROMPT)
+    runs = [list(llm.generate(prompt, max_tokens=24, temperature=1.0, seed=s, stop_on_eog=False)) for s in (11, 11, 12)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+    a = llm.create_completion(PROMPT, max_tokens=24, temperature=1.0, seed=5)["choices"][0]["text"]
+    b = llm.create_completion(PROMPT, max_tokens=24, temperature=1.0, seed=5)["choices"][0]["text"]
+    assert a == b
+
+
+def test_llama_seed_makes_unseeded_calls_reproducible(tiny_model: Path) -> None:
+    def run() -> list[list[int]]:
+        with Llama(tiny_model, n_ctx=256, n_threads=2, seed=42) as llm:
+            prompt = llm.tokenize(PROMPT)
+            return [list(llm.generate(prompt, max_tokens=12, temperature=1.0, stop_on_eog=False)) for _ in range(2)]
+    first, second = run(), run()
+    assert first == second
+    assert first[0] != first[1]  # each call draws its own seed from the Llama's generator
+
+
+def test_logit_bias_forces_and_bans(llm: Llama) -> None:
+    prompt = llm.tokenize(PROMPT)
+    forced = list(llm.generate(prompt, max_tokens=8, temperature=0.8, seed=1, logit_bias={77: 100.0},
+                               stop_on_eog=False))
+    assert forced == [77] * 8
+    greedy = list(llm.generate(prompt, max_tokens=8, temperature=0, stop_on_eog=False))
+    banned = list(llm.generate(prompt, max_tokens=8, temperature=0, logit_bias={str(greedy[0]): float("-inf")},
+                               stop_on_eog=False))
+    assert greedy[0] not in banned
+    assert banned[0] != greedy[0]
+
+
+def test_repeat_penalty_lowers_repetition(llm: Llama) -> None:
+    prompt = llm.tokenize(REPEATING)
+    seen = set(prompt)
+
+    def repeats(tokens: list[int]) -> int:
+        count, history = 0, set(seen)
+        for t in tokens:
+            count += t in history
+            history.add(t)
+        return count
+
+    plain = list(llm.generate(prompt, max_tokens=32, temperature=0, stop_on_eog=False))
+    penalized = list(llm.generate(prompt, max_tokens=32, temperature=0, repeat_penalty=3.0, penalty_last_n=-1,
+                                  stop_on_eog=False))
+    assert repeats(penalized) < repeats(plain)
+
+
+def test_min_p_removes_tokens_below_its_cut(llm: Llama) -> None:
+    prompt = llm.tokenize(PROMPT)
+    llm.reset()
+    probs = np.exp(log_softmax(llm.eval(prompt)[-1] / 1.0))
+    min_p = 0.5
+    allowed = set(np.flatnonzero(probs >= min_p * probs.max()).tolist())
+    assert 1 <= len(allowed) < len(probs)
+    drawn = set()
+    for seed in range(40):
+        drawn.add(next(iter(llm.generate(prompt, max_tokens=1, temperature=1.0, top_k=0, top_p=1.0, min_p=min_p,
+                                         seed=seed, stop_on_eog=False))))
+    assert drawn <= allowed
+    without = set()
+    for seed in range(40):
+        without.add(next(iter(llm.generate(prompt, max_tokens=1, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                           seed=seed, stop_on_eog=False))))
+    assert without - allowed  # without the cut, tokens below it are drawn too
+
+
+@pytest.mark.parametrize("extra", [dict(mirostat_mode=1), dict(mirostat_mode=2, mirostat_tau=1.0),
+                                   dict(dry_multiplier=2.0, dry_allowed_length=1),
+                                   dict(xtc_probability=1.0, xtc_threshold=0.001),
+                                   dict(typical_p=0.2), dict(top_n_sigma=0.5),
+                                   dict(frequency_penalty=1.5), dict(presence_penalty=1.5)])
+def test_each_sampler_changes_the_output(llm: Llama, extra: dict) -> None:
+    prompt = llm.tokenize(REPEATING)
+    base = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=9, stop_on_eog=False, max_tokens=48)
+    plain = list(llm.generate(prompt, **base))
+    changed = list(llm.generate(prompt, **base, **extra))
+    again = list(llm.generate(prompt, **base, **extra))
+    assert changed == again  # seeded: reproducible
+    assert changed != plain
+
+
+def test_sampler_chain_order_is_llama_cpps(llm: Llama) -> None:
+    s = llm.sampler(temperature=0.7, top_k=30, top_p=0.9, min_p=0.1, typical_p=0.9, repeat_penalty=1.1,
+                    dry_multiplier=0.5, xtc_probability=0.2, top_n_sigma=1.0, logit_bias={1: 1.0}, seed=1)
+    assert s.members == ["logit-bias", "penalties", "dry", "top-n-sigma", "top-k", "typical", "top-p", "min-p",
+                         "xtc", "temp-ext", "dist"]
+    assert llm.sampler(temperature=0).members == ["greedy"]
+    assert llm.sampler(temperature=0.5, mirostat_mode=2).members == ["temp", "mirostat-v2"]
+
+
+def test_logprobs_equal_log_softmax_of_eval(llm: Llama) -> None:
+    out = llm.create_completion(PROMPT, max_tokens=6, temperature=0, logprobs=5)
+    choice = out["choices"][0]
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 6
+    # token texts are decoded one by one with invalid bytes dropped, as llama-cpp-python does
+    assert "".join(lp["tokens"]) == choice["text"].replace("\ufffd", "")
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == len(PROMPT)
+    prompt = llm.tokenize(PROMPT)
+    tokens = list(llm.generate(prompt, max_tokens=6, temperature=0, stop_on_eog=False))
+    llm.reset()
+    rows = llm.eval(prompt + tokens[:-1])[len(prompt) - 1:]
+    ctx = llm.context
+    for i, (tok, row) in enumerate(zip(tokens, rows)):
+        ref = log_softmax(row)
+        assert lp["token_logprobs"][i] == pytest.approx(ref[tok], abs=1e-4)
+        top = np.argsort(-ref, kind="stable")[:5]
+        # {text: logprob}: tokens of the same text share a key, so compare values, not a count
+        expected = ref[np.concatenate([top, [tok]])]
+        for value in lp["top_logprobs"][i].values():
+            assert np.abs(expected - value).min() < 1e-4
+        assert max(lp["top_logprobs"][i].values()) == pytest.approx(ref[top[0]], abs=1e-4)
+    # the Context call itself: the ids of the top N and their values
+    llm.reset()
+    row = llm.eval(prompt)[-1]
+    ref = log_softmax(row)
+    chosen, top = ctx.logprobs(int(np.argmax(row)), 5)
+    assert chosen == pytest.approx(ref.max(), abs=1e-4)
+    assert [t for t, _ in top] == np.argsort(-ref, kind="stable")[:5].tolist()
+    assert [v for _, v in top] == pytest.approx(np.sort(ref)[::-1][:5].tolist(), abs=1e-4)
+    llm.reset()
+
+
+def test_streamed_logprobs_match_the_whole(llm: Llama) -> None:
+    whole = llm.create_completion(PROMPT, max_tokens=10, temperature=0, logprobs=2)["choices"][0]
+    tokens: list[str] = []
+    for chunk in llm.create_completion(PROMPT, max_tokens=10, temperature=0, logprobs=2, stream=True):
+        if chunk["choices"][0]["logprobs"]:
+            tokens += chunk["choices"][0]["logprobs"]["tokens"]
+    assert tokens == whole["logprobs"]["tokens"]
+
+
+def test_grammar_constrains_the_output(llm: Llama) -> None:
+    grammar = 'root ::= "yes" | "no"'
+    for seed in range(5):
+        out = llm.create_completion(PROMPT, max_tokens=8, temperature=1.0, seed=seed, grammar=grammar)
+        assert out["choices"][0]["text"] in ("yes", "no")
+    out = llm.create_completion(PROMPT, max_tokens=8, temperature=0,
+                                grammar=LlamaGrammar.from_string('root ::= [0-9]+ "."'))
+    text = out["choices"][0]["text"]
+    assert text and text.rstrip(".").isdigit()
+
+
+def test_invalid_grammar_is_a_value_error_with_the_parsers_message(llm: Llama) -> None:
+    with pytest.raises(ValueError, match="grammar"):
+        llm.create_completion(PROMPT, max_tokens=4, grammar="root ::= (")
+    assert llm.create_completion(PROMPT, max_tokens=2, temperature=0)["choices"][0]["text"] is not None
+
+
+def test_logits_processor_and_stopping_criteria(llm: Llama) -> None:
+    def only_42(input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        assert input_ids.ndim == 1 and scores.shape == (llm.n_vocab(),)
+        out = np.full_like(scores, -np.inf)
+        out[42] = 0.0
+        return out
+
+    prompt = llm.tokenize(PROMPT)
+    assert list(llm.generate(prompt, max_tokens=5, logits_processor=only_42, stop_on_eog=False)) == [42] * 5
+    calls = []
+
+    def stop_after_3(input_ids: np.ndarray, logits: np.ndarray) -> bool:
+        calls.append(len(input_ids))
+        return len(calls) > 3
+
+    assert len(list(llm.generate(prompt, max_tokens=10, temperature=0, stopping_criteria=stop_after_3,
+                                 stop_on_eog=False))) == 3
+
+
+@pytest.mark.parametrize("bad", [
+    dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(min_p=-0.1), dict(typical_p=0.0),
+    dict(penalty_last_n=-2), dict(repeat_penalty=0.0), dict(mirostat_mode=3), dict(mirostat_eta=0.0),
+    dict(top_k=-1), dict(xtc_probability=2.0), dict(dry_multiplier=-1.0), dict(temperature="hot"),
+    dict(frequency_penalty=float("nan")), dict(seed=2**32), dict(dry_sequence_breakers="ab"),
+])
+def test_bad_sampling_values_are_value_errors_naming_the_parameter(llm: Llama, bad: dict) -> None:
+    (name,) = bad
+    with pytest.raises(ValueError, match=name):
+        llm.create_completion(PROMPT, max_tokens=2, **bad)
+    with pytest.raises(ValueError, match=name):
+        SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("bias", [{"x": 1.0}, {-1: 1.0}, {10**6: 1.0}, {5: "a"}, {5: float("nan")}, [1, 2]])
+def test_bad_logit_bias_is_a_value_error(llm: Llama, bias: object) -> None:
+    with pytest.raises(ValueError, match="logit_bias"):
+        llm.create_completion(PROMPT, max_tokens=2, logit_bias=bias)  # type: ignore[arg-type]
+    assert llm.create_completion(PROMPT, max_tokens=2, temperature=0)["choices"][0]["finish_reason"]
+
+
+@pytest.mark.parametrize("n", [-1, _llama.MAX_LOGPROBS + 1, "3", True])
+def test_bad_logprobs_is_a_value_error(llm: Llama, n: object) -> None:
+    with pytest.raises(ValueError, match="logprobs"):
+        llm.create_completion(PROMPT, max_tokens=2, logprobs=n)  # type: ignore[arg-type]
+
+
+def test_a_freed_sampler_is_an_error_not_a_crash(llm: Llama) -> None:
+    s = llm.sampler(temperature=0)
+    llm.reset()
+    llm.eval(llm.tokenize(PROMPT))
+    assert isinstance(s.sample(llm.context), int)
+    s.free()
+    s.free()  # idempotent
+    assert s.closed
+    with pytest.raises(ValueError, match="freed"):
+        s.sample(llm.context)
+    with pytest.raises(ValueError, match="freed"):
+        s.members
+    llm.reset()
+
+
+def test_temp_is_an_alias_of_temperature(llm: Llama) -> None:
+    prompt = llm.tokenize(PROMPT)
+    assert list(llm.generate(prompt, max_tokens=6, temp=0, stop_on_eog=False)) == \
+        list(llm.generate(prompt, max_tokens=6, temperature=0, stop_on_eog=False))
