@@ -276,3 +276,29 @@ def test_temp_is_an_alias_of_temperature(llm: Llama) -> None:
     prompt = llm.tokenize(PROMPT)
     assert list(llm.generate(prompt, max_tokens=6, temp=0, stop_on_eog=False)) == \
         list(llm.generate(prompt, max_tokens=6, temperature=0, stop_on_eog=False))
+
+
+def test_backend_sampling_gives_the_same_greedy_tokens(tiny_model: Path) -> None:
+    with Llama(tiny_model, n_ctx=256, n_threads=2) as cpu, \
+            Llama(tiny_model, n_ctx=256, n_threads=2, backend_sampling=True) as backend:
+        prompt = cpu.tokenize(PROMPT)
+        want = list(cpu.generate(prompt, max_tokens=16, temperature=0, stop_on_eog=False))
+        assert list(backend.generate(prompt, max_tokens=16, temperature=0, stop_on_eog=False)) == want
+        sampler = backend.sampler(temperature=0)
+        assert backend.context.set_backend_sampler(0, sampler)  # the CPU backend runs it in the graph
+        assert sampler.on_backend
+        backend.reset()
+        backend.context.prefill(prompt)
+        assert sampler.sample(backend.context) == want[0]
+        sampler.free()  # takes it out of the graph first
+        assert not sampler.on_backend
+        backend.reset()
+        # seeded draws are reproducible with the chain in the graph
+        runs = [list(backend.generate(prompt, max_tokens=12, temperature=1.0, seed=4, stop_on_eog=False))
+                for _ in range(2)]
+        assert runs[0] == runs[1]
+        # logprobs need the logits: the chain stays on the CPU for them, and the values are the CPU's
+        a = backend.create_completion(PROMPT, max_tokens=4, temperature=0, logprobs=2)["choices"][0]
+        b = cpu.create_completion(PROMPT, max_tokens=4, temperature=0, logprobs=2)["choices"][0]
+        assert a["text"] == b["text"]
+        assert a["logprobs"]["token_logprobs"] == pytest.approx(b["logprobs"]["token_logprobs"], abs=1e-5)

@@ -186,3 +186,18 @@ def test_default_n_ubatch_rule() -> None:
     assert _llama.default_n_ubatch(2048, False) == 512 and _llama.default_n_ubatch(256, False) == 256
     assert _llama.default_n_ubatch(2048, True) == 1024 and _llama.default_n_ubatch(100, True) == 64
     assert _llama.default_n_ubatch(32, True) == 32  # never above n_batch
+
+
+def test_backend_sampling_stays_on_the_cpu_under_tensor_split(tiny_model: Path, split: list[float]) -> None:
+    """llama.cpp keeps backend samplers off under split_mode="tensor" (and so off the lanes): the chain
+    stays on the CPU and the greedy and seeded tokens equal those without backend sampling."""
+    prompt = np.random.default_rng(3).integers(0, 512, 2 * N_UBATCH + 5).tolist()
+    with tensor_llama(tiny_model, split, split_overlap=True) as plain, \
+            tensor_llama(tiny_model, split, split_overlap=True, backend_sampling=True) as backend:
+        for kw in (dict(temperature=0), dict(temperature=1.0, seed=8)):
+            want = list(plain.generate(prompt, max_tokens=8, stop_on_eog=False, **kw))
+            assert list(backend.generate(prompt, max_tokens=8, stop_on_eog=False, **kw)) == want
+        sampler = backend.sampler(temperature=0)
+        assert not backend.context.set_backend_sampler(0, sampler)
+        assert not sampler.on_backend
+        assert backend.split_overlap_stats()["ubatches"][1] > 0  # the lanes ran

@@ -28,6 +28,7 @@ cdef class Context:
     def __cinit__(self):
         self.ptr = NULL
         self.batch_cap = 0
+        self.backend_samplers = {}
 
     def __init__(self, Model model, *, int n_ctx=0, int n_batch=2048, int n_ubatch=512, int n_seq_max=1,
                  int n_threads=-1, int n_threads_batch=-1, flash_attn="auto", type_k="f16",
@@ -69,6 +70,9 @@ cdef class Context:
         self._release()
 
     cdef void _release(self) noexcept:
+        for smp in self.backend_samplers.values():
+            (<Sampler> smp).backend = None
+        self.backend_samplers.clear()
         if self.ptr != NULL:
             llama_free(self.ptr)
             self.ptr = NULL
@@ -245,6 +249,34 @@ cdef class Context:
         if out == LLAMA_TOKEN_NULL:
             raise DecodeError("no logits for the decoded token")
         return out
+
+    def set_backend_sampler(self, int seq_id, Sampler sampler):
+        """Run a sampler chain inside the decode graph for one sequence (llama.cpp's experimental backend
+        sampling: llama_set_sampler), or take it out (None). Returns whether it went there: llama.cpp keeps
+        it on the CPU under split_mode="tensor", and so does this with a grammar. Of a chain in the graph,
+        the leading samplers llama.cpp can offload (logit bias, penalties, top-k, top-p, min-p, temperature,
+        greedy, dist) run there and the rest on the CPU. Sampler.sample reads the token as before; the
+        output rows of such a sequence have no logits (logprobs need the CPU path)."""
+        self._check_open()
+        old = self.backend_samplers.pop(seq_id, None)
+        if old is not None:
+            (<Sampler> old).backend = None
+        if sampler is None:
+            llama_set_sampler(self.ptr, seq_id, NULL)
+            return False
+        sampler._check_open()
+        if sampler.grammar != NULL:
+            llama_set_sampler(self.ptr, seq_id, NULL)
+            return False
+        if sampler.backend is not None:
+            ctx, other = sampler.backend
+            (<Context> ctx).set_backend_sampler(other, None)
+        if not llama_set_sampler(self.ptr, seq_id, sampler.chain):
+            llama_set_sampler(self.ptr, seq_id, NULL)
+            return False
+        sampler.backend = (self, seq_id)
+        self.backend_samplers[seq_id] = sampler
+        return True
 
     def logprobs(self, int token, int n_top=0, int idx=-1):
         """(log p(token), [(id, log p) of the n_top most likely tokens, best first]) for output idx of the

@@ -308,6 +308,8 @@ cdef extern from "llama.h" nogil:
     void llama_sampler_reset(llama_sampler * smpl)
     void llama_sampler_free(llama_sampler * smpl)
     llama_token llama_sampler_sample(llama_sampler * smpl, llama_context * ctx, int32_t idx)
+    bint llama_set_sampler(llama_context * ctx, llama_seq_id seq_id, llama_sampler * smpl)
+    llama_token llama_get_sampled_token_ith(llama_context * ctx, int32_t i)
 
     llama_sampler * llama_sampler_init_greedy()
     llama_sampler * llama_sampler_init_dist(uint32_t seed)
@@ -386,6 +388,7 @@ cdef class Context:
     cdef int32_t batch_cap
     cdef int32_t n_last_outputs
     cdef uint64_t rng
+    cdef dict backend_samplers  # seq_id -> Sampler attached with set_backend_sampler (kept alive here)
 
     cdef void _fill_batch(self, const int32_t[::1] toks, int32_t start, int32_t n, llama_pos pos0,
                           int32_t seq_id, bint all_logits, int32_t last)
@@ -403,6 +406,7 @@ cdef class Sampler:
     cdef readonly Model model
     cdef readonly dict params
     cdef readonly uint32_t seed
+    cdef object backend  # (Context, seq_id) while the chain runs in the context's graph, else None
 
     cdef _init_grammar(self, grammar, str root)
     cdef _add_members(self, params, list bias, int n_ctx)

@@ -48,6 +48,7 @@ cdef class Sampler:
         self.chain = NULL
         self.grammar = NULL
         self.cur = NULL
+        self.backend = None
 
     def __init__(self, Model model, params, *, int n_ctx=0, grammar=None, str grammar_root="root"):
         model._check_open()
@@ -149,7 +150,11 @@ cdef class Sampler:
         self.free()
 
     def free(self):
-        """Free the chain and the grammar (idempotent)."""
+        """Free the chain and the grammar (idempotent); a chain running in a context's graph is taken out
+        of it first."""
+        if self.backend is not None:
+            ctx, seq_id = self.backend
+            (<Context> ctx).set_backend_sampler(seq_id, None)
         if self.chain != NULL:
             llama_sampler_free(self.chain)
             self.chain = NULL
@@ -175,11 +180,18 @@ cdef class Sampler:
                 for i in range(llama_sampler_chain_n(self.chain))]
 
     @property
+    def on_backend(self):
+        """Whether the chain runs in a context's graph (Context.set_backend_sampler)."""
+        return self.backend is not None
+
+    @property
     def has_grammar(self):
         return self.grammar != NULL
 
     cdef llama_token _sample(self, llama_context * ctx, int32_t idx) noexcept nogil:
         """Sample from output idx and accept the token; LLAMA_TOKEN_NULL when there is no such output."""
+        if self.backend is not None:  # the graph drew the token, or ran the chain's first samplers
+            return llama_sampler_sample(self.chain, ctx, idx)
         cdef const float * logits = llama_get_logits_ith(ctx, idx)
         if logits == NULL:  # llama_sampler_sample would abort
             return LLAMA_TOKEN_NULL

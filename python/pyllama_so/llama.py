@@ -63,6 +63,11 @@ class Llama:
     that cannot be reached is an RPCConnectionError (a ConnectionError) before the model loads; one that
     goes away later makes the next eval or generation step raise it (docs/multi-gpu.md, "More than one
     machine").
+
+    backend_sampling: run the sampler chain inside the decode graph on the model's output device
+    (llama.cpp's experimental backend sampling), so only the token leaves the GPU. Off by default; greedy
+    tokens are the same either way. llama.cpp keeps it on the CPU under split_mode="tensor", for a
+    grammar, logprobs, logits processors and stopping criteria.
     """
 
     # defaults for close() and __del__ when __init__ never ran (a misspelled keyword)
@@ -88,6 +93,7 @@ class Llama:
         type_v: str | int = "f16",
         split_overlap: bool = False,
         rpc_servers: str | Sequence[str] | None = None,
+        backend_sampling: bool = False,
         use_mmap: bool = True,
         seed: int | None = None,
         verbose: bool = False,
@@ -122,6 +128,9 @@ class Llama:
         self.model_path = str(path)
         self.verbose = verbose
         self.split_overlap = split_overlap
+        if not isinstance(backend_sampling, bool):
+            raise TypeError("backend_sampling must be a bool")
+        self.backend_sampling = backend_sampling
         self._rng = np.random.default_rng(seed)
         self._tokens: list[int] = []  # what the KV cache holds, in order
         _llama.set_verbose(verbose)
@@ -303,6 +312,8 @@ class Llama:
         _llama.check_logprobs(n_logprobs)
         model, ctx = self._parts()
         slow = logits_processor is not None or stopping_criteria is not None
+        if self.backend_sampling and n_logprobs is None and not slow:
+            ctx.set_backend_sampler(0, sampler)  # llama.cpp may keep it on the CPU (split_mode="tensor")
         try:
             self._prefill(tokens)
             sampler.accept(tokens)  # penalties and DRY count the prompt, as in llama-cpp-python
@@ -328,7 +339,7 @@ class Llama:
                     self._tokens.append(tok)
                     tok = nxt
         finally:
-            sampler.free()
+            sampler.free()  # out of the graph too
 
     def _slow_sample(self, sampler: _llama.Sampler, logits_processor: LogitsProcessor | None) -> int:
         _, ctx = self._parts()
