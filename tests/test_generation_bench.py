@@ -1,0 +1,31 @@
+"""scripts/generation-bench (generation from Python against the context's decode rate) on the tiny model."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "generation-bench"
+
+
+def test_reports_every_rate_and_ratio(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gen.json"
+    res = subprocess.run([sys.executable, str(SCRIPT), "-m", str(tiny_model), "-p", "16", "-n", "8", "-r", "1",
+                          "--streams", "1,3", "-t", "2", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(out.read_text())
+    c = data["completion"]
+    assert len(c["greedy"]["samples"]) == 1 and c["greedy"]["mean"] > 0 and c["default"]["mean"] > 0
+    assert c["ratio_default_over_greedy"] == c["default"]["mean"] / c["greedy"]["mean"]
+    assert [d["streams"] for d in data["decode"]] == [1, 3]
+    for d in data["decode"]:
+        assert all(d[m]["mean"] > 0 for m in ("raw", "sampled", "backend"))
+        assert d["backend"]["in_graph"] is True  # the CPU backend takes the default chain
+    assert "| streams | raw decode t/s |" in res.stdout
+
+
+def test_bad_stream_count_is_an_argparse_error() -> None:
+    res = subprocess.run([sys.executable, str(SCRIPT), "--streams", "0"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--streams" in res.stderr
