@@ -31,10 +31,12 @@ def test_not_gguf(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("keep", [0.5, 0.999])
 def test_truncated_gguf(tmp_path: Path, tiny_model: Path, keep: float) -> None:
+    """The error carries llama.cpp's reason (its first error line), not only that the load failed."""
     data = tiny_model.read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: int(len(data) * keep)])
-    with pytest.raises(ModelLoadError, match="failed to load"):
+    with pytest.raises(ModelLoadError, match=r"failed to load model from .*cut\.gguf: llama_model_load: error loading "
+                       r"model: tensor '.+' data is not within the file bounds, model is corrupted or incomplete"):
         Llama(cut)
 
 
