@@ -53,6 +53,13 @@ def test_unknown_split_mode(tiny_model: Path, mode: object) -> None:
         Llama(tiny_model, split_mode=mode)  # type: ignore[arg-type]
 
 
+def test_attn_split_without_tensor_split_says_it_needs_tensor(tiny_model: Path) -> None:
+    """The split mode is wrong whatever the length: a split longer than the devices still says so."""
+    too_long = [1.0] * (max(1, _llama.gpu_device_count()) + 1)
+    with pytest.raises(ValueError, match='attn_split needs split_mode="tensor"'):
+        Llama(tiny_model, split_mode="layer", attn_split=too_long)
+
+
 def test_tensor_split_longer_than_devices(tiny_model: Path) -> None:
     n = max(1, _llama.gpu_device_count())
     with pytest.raises(ValueError, match="tensor_split"):

@@ -24,6 +24,17 @@ from pyllama_so.textstream import TextStream
 _GGUF_MAGIC = b"GGUF"
 
 
+def max_tokens_limit(max_tokens: int | None) -> int | None:
+    """max_tokens as llama-cpp-python reads it: None, 0 or a negative count generate up to the end of the
+    context (returned as None); a positive count at most that many tokens. The server follows the same
+    rule. ValueError for anything but an integer or None."""
+    if max_tokens is None:
+        return None
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
+        raise ValueError(f"max_tokens must be an integer or None, got {max_tokens!r}")
+    return int(max_tokens) if max_tokens > 0 else None
+
+
 def _check_gguf_file(path: Path) -> None:
     if not path.exists():
         raise FileNotFoundError(f"model file not found: {path}")
@@ -95,13 +106,13 @@ class Llama:
         fa = _llama.flash_attn_name(flash_attn)
         tk, tv = _llama.cache_type_name(type_k, "type_k"), _llama.cache_type_name(type_v, "type_v")
         servers = None if rpc_servers is None else _llama.rpc_endpoints(rpc_servers)
+        if attn_split is not None and mode != "tensor":  # before its length: no device count makes it right
+            raise ValueError(f'attn_split needs split_mode="tensor" (got split_mode={mode!r}): it splits the '
+                             "attention heads of tensor split")
         # with RPC servers the device count is known once connected: Model.load checks the lengths then
         n_devices = None if servers is None else _llama.max_devices()
         split = None if tensor_split is None else _llama.check_tensor_split(tensor_split, n_devices)
         attn = None if attn_split is None else _llama.check_attn_split(attn_split, n_devices)
-        if attn is not None and mode != "tensor":
-            raise ValueError(f'attn_split needs split_mode="tensor" (got split_mode={mode!r}): it splits the '
-                             "attention heads of tensor split")
         if n_ctx < 0:
             raise ValueError(f"n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
         if n_ubatch is None:
@@ -262,8 +273,10 @@ class Llama:
     def generate(self, tokens: Sequence[int], *, max_tokens: int | None = None, temperature: float = 0.8,
                  top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None,
                  stop_on_eog: bool = True) -> Iterator[int]:
-        """Yield new tokens after `tokens`. temperature=0 is greedy. Stops at max_tokens, the end of
-        the context, or an end-of-generation token (which is not yielded)."""
+        """Yield new tokens after `tokens`. temperature=0 is greedy. Stops at max_tokens (None, 0 or less:
+        no limit, as in create_completion), the end of the context, or an end-of-generation token (which
+        is not yielded)."""
+        max_tokens = max_tokens_limit(max_tokens)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         rng = np.random.default_rng(seed) if seed is not None else self._rng
         model, ctx = self._parts()
@@ -284,8 +297,11 @@ class Llama:
                           top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
                           stop: str | Sequence[str] | None = None, seed: int | None = None, echo: bool = False,
                           stream: bool = False) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """OpenAI-style text completion, the common subset of llama-cpp-python's signature."""
-        chunks = self._completion(prompt, max_tokens, temperature, top_p, top_k, min_p, stop, seed, echo)
+        """OpenAI-style text completion, the common subset of llama-cpp-python's signature. max_tokens:
+        None, 0 or less generate up to the end of the context, as in llama-cpp-python."""
+        # max_tokens checked now, not at the stream's first chunk
+        chunks = self._completion(prompt, max_tokens_limit(max_tokens), temperature, top_p, top_k, min_p, stop,
+                                  seed, echo)
         if stream:
             return chunks
         text, finish, usage, cid, created = "", None, {}, "", 0
@@ -304,8 +320,6 @@ class Llama:
                     echo: bool) -> Iterator[dict[str, Any]]:
         prompt_tokens = self.tokenize(prompt) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if max_tokens is not None and max_tokens <= 0:
-            max_tokens = None  # llama-cpp-python: <= 0 means up to the end of the context
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
 
         def chunk(text: str, finish: str | None, **extra: Any) -> dict[str, Any]:
