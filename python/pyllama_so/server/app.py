@@ -180,6 +180,8 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
     async def completions(body: CompletionRequest, request: Request) -> dict[str, Any] | EventSourceResponse:
         if isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], str)):
             text = body.prompt if isinstance(body.prompt, str) else str(body.prompt[0])
+            if not text:  # it would tokenize to BOS alone
+                raise ApiError(400, "the prompt is empty", param="prompt")
             prompt = await run_in_threadpool(lambda: model.tokenize(text).tolist())
         else:
             prompt = [int(t) for t in body.prompt]
@@ -188,7 +190,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                 raise ApiError(400, f"token id {bad[0]} out of range [0, {n_vocab})", param="prompt")
         echo = model.detokenize_bytes(prompt).decode("utf-8", "replace") if body.echo else ""
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        run = Run(engine, body, prompt, body.max_tokens, "prompt", cid)
+        run = Run(engine, body, prompt, body.token_limit, "prompt", cid)
 
         def chunk(text: str, finish: str | None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_id,

@@ -1,14 +1,27 @@
 """Request bodies of the OpenAI endpoints. Known fields are checked strictly (a string where a number
 belongs is a 400, not a conversion); fields this server does not use are ignored, as OpenAI clients send
-some by default."""
+some by default. Strings must be valid Unicode: JSON may spell a lone surrogate ("\\ud800"), which no
+text encoding takes."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from pyllama_so.llama import max_tokens_limit
 from pyllama_so.sampling import SamplingParams
+
+
+def _unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode: a lone surrogate {text[e.start]!r} at position {e.start}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
 
 
 class _Body(BaseModel):
@@ -22,13 +35,13 @@ class StreamOptions(_Body):
 class GenerationRequest(_Body):
     """The fields both endpoints share. The sampling defaults are Llama's (and llama-server's)."""
 
-    model: str | None = None  # any name: the server has one model
+    model: Text | None = None  # any name: the server has one model
     temperature: float = Field(0.8, ge=0)
     top_p: float = Field(0.95, gt=0, le=1)
     top_k: int = Field(40, ge=0)
     min_p: float = Field(0.05, ge=0, lt=1)
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one choice per request
@@ -45,8 +58,8 @@ class GenerationRequest(_Body):
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: str | list[int] | list[str]  # text, token ids, or a list of one text
-    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default; None: up to the end of the slot's context
+    prompt: Text | list[int] | list[Text]  # text, token ids, or a list of one text
+    max_tokens: int | None = 16  # OpenAI's default; see token_limit
     echo: bool = False
 
     @field_validator("prompt")
@@ -56,15 +69,20 @@ class CompletionRequest(GenerationRequest):
             raise ValueError(f"one prompt per request, got {len(v)}")
         return v
 
+    @property
+    def token_limit(self) -> int | None:
+        """Llama's (llama-cpp-python's) rule: None, 0 or less: up to the end of the slot's context."""
+        return max_tokens_limit(self.max_tokens)
+
 
 class ContentPart(_Body):
-    type: str
-    text: str | None = None
+    type: Text
+    text: Text | None = None
 
 
 class Message(_Body):
-    role: str
-    content: str | list[ContentPart] | None = None
+    role: Text
+    content: Text | list[ContentPart] | None = None
 
     @field_validator("content")
     @classmethod
@@ -81,9 +99,12 @@ class Message(_Body):
 
 class ChatRequest(GenerationRequest):
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=0)  # None: up to the end of the slot's context
-    max_completion_tokens: int | None = Field(None, ge=0)  # the newer name of max_tokens
+    max_tokens: int | None = None  # see token_limit
+    max_completion_tokens: int | None = None  # the newer name of max_tokens
 
     @property
     def token_limit(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        """max_completion_tokens, else max_tokens, by Llama's rule: None, 0 or less: up to the end of the
+        slot's context."""
+        return max_tokens_limit(self.max_completion_tokens if self.max_completion_tokens is not None
+                                else self.max_tokens)
