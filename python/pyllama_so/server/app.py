@@ -2,7 +2,9 @@
 
 Handlers tokenize, submit a Job and turn its events into OpenAI's response objects, streamed as
 server-sent events with `stream: true`. The engine's thread hands events to the event loop through an
-asyncio queue per request.
+asyncio queue per request. A client that goes away cancels its job: a stream when sse-starlette sees the
+disconnect, a non-streamed request when the poll of Request.is_disconnected() does (every
+DISCONNECT_POLL_S seconds).
 """
 
 from __future__ import annotations
@@ -24,11 +26,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pyllama_so.server import errors
 from pyllama_so.server.chat import ChatTemplate
-from pyllama_so.server.engine import Delta, Done, Engine, EngineStopped, Event, Failed, Job, PromptError, QueueFull
+from pyllama_so.server.engine import (SHUTTING_DOWN, Delta, Done, Engine, EngineStopped, Event, Failed, Job,
+                                      PromptError, QueueFull)
 from pyllama_so.server.errors import ApiError
 from pyllama_so.server.schemas import ChatRequest, CompletionRequest, GenerationRequest
 
 PUBLIC_PATHS = frozenset({"/health"})  # answered without the API key
+DISCONNECT_POLL_S = 0.25
+# a stream outlives the engine's grace period by this much, so that its last chunk and [DONE] get out
+STREAM_GRACE_MARGIN_S = 1.5
 
 
 class ApiKeyMiddleware:
@@ -87,28 +93,39 @@ class Run:
 
     async def collect(self, request: Request) -> tuple[str, Done] | None:
         """All the text and the Done event; None when the client disconnects first (the job is cancelled)."""
-        parts: list[str] = []
-        getter = asyncio.ensure_future(self.events.get())
+        result = asyncio.ensure_future(self._gather())
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            while True:
-                finished, _ = await asyncio.wait({getter}, timeout=1.0)
-                if not finished:
-                    if await request.is_disconnected():
-                        return None
-                    continue
-                event = getter.result()
-                if isinstance(event, Delta):
-                    parts.append(event.text)
-                    getter = asyncio.ensure_future(self.events.get())
-                    continue
-                self.ended = True
-                if isinstance(event, Failed):
-                    raise ApiError(500, event.message, code="generation_failed")
+            await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+            return result.result() if result.done() else None
+        finally:
+            result.cancel()
+            gone.cancel()
+            self.cancel()
+
+    async def _gather(self) -> tuple[str, Done]:
+        parts: list[str] = []
+        async for event in self:
+            if isinstance(event, Delta):
+                parts.append(event.text)
+            elif isinstance(event, Failed):
+                raise _failure(event)
+            else:
                 parts.append(event.text)
                 return "".join(parts), event
-        finally:
-            getter.cancel()
-            self.cancel()
+        raise AssertionError("a job's events end with Done or Failed")
+
+
+def _failure(event: Failed) -> ApiError:
+    if event.stopped:
+        return ApiError(503, event.message, code="unavailable")
+    return ApiError(500, event.message, code="generation_failed")
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (Starlette sees the disconnect only when asked)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
 
 
 def _usage(done: Done) -> dict[str, Any]:
@@ -123,8 +140,9 @@ def _sse(obj: dict[str, Any]) -> dict[str, str]:
 
 
 def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: str | None = None,
-               model_meta: dict[str, Any] | None = None) -> FastAPI:
-    """The FastAPI app serving engine's model as model_id."""
+               model_meta: dict[str, Any] | None = None, shutdown_grace: float = 5.0) -> FastAPI:
+    """The FastAPI app serving engine's model as model_id. shutdown_grace: the seconds the engine gives
+    requests after engine.drain() (streams stay open that long, and a little more for their last chunk)."""
     app = FastAPI(title="pyllama_so", summary="OpenAI-compatible server over llama.cpp")
     errors.install(app)
     if api_key:
@@ -150,29 +168,34 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                         if body.include_usage:
                             yield _sse({**chunk(delta(""), None), "choices": [], "usage": _usage(event)})
                     else:
-                        yield _sse(errors.error_body(500, event.message, code="generation_failed"))
+                        e = _failure(event)
+                        yield _sse(errors.error_body(e.status, e.message, code=e.code))
                 yield {"data": "[DONE]"}
             finally:
                 run.cancel()
 
-        # the background task also cancels a job whose stream never started (a client gone at once)
-        return EventSourceResponse(events(), background=BackgroundTask(run.cancel))
+        # the background task also cancels a job whose stream never started (a client gone at once);
+        # at a shutdown sse-starlette would cancel the stream at once: it waits for the engine instead
+        return EventSourceResponse(events(), background=BackgroundTask(run.cancel),
+                                   shutdown_grace_period=shutdown_grace + STREAM_GRACE_MARGIN_S)
 
     @app.get("/health")
     async def health() -> JSONResponse:
         if not engine.running:
             return JSONResponse({"status": "error", "error": str(engine.error or "the engine stopped")},
                                 status_code=503)
+        if not engine.accepting:
+            return JSONResponse({"status": "error", "error": SHUTTING_DOWN}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/slots")
     async def slots() -> dict[str, Any]:
-        return engine.snapshot()
+        return engine.snapshot().as_dict()
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        meta = {"n_ctx_slot": engine.n_ctx_slot, "n_slots": len(engine.slots), "n_vocab": n_vocab,
-                "chat_template": chat.source, **(model_meta or {})}
+        meta = {"n_ctx_slot": engine.n_ctx_slot, "n_slots": engine.n_slots, "n_vocab": n_vocab,
+                "chat_template": chat.template, "chat_template_source": chat.source, **(model_meta or {})}
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": started,
                                             "owned_by": "pyllama_so", "meta": meta}]}
 
