@@ -31,10 +31,12 @@ def test_not_gguf(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("keep", [0.5, 0.999])
 def test_truncated_gguf(tmp_path: Path, tiny_model: Path, keep: float) -> None:
+    """The error carries llama.cpp's reason (its first error line), not only that the load failed."""
     data = tiny_model.read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: int(len(data) * keep)])
-    with pytest.raises(ModelLoadError, match="failed to load"):
+    with pytest.raises(ModelLoadError, match=r"failed to load model from .*cut\.gguf: llama_model_load: error loading "
+                       r"model: tensor '.+' data is not within the file bounds, model is corrupted or incomplete"):
         Llama(cut)
 
 
@@ -49,6 +51,13 @@ def test_header_only_gguf(tmp_path: Path) -> None:
 def test_unknown_split_mode(tiny_model: Path, mode: object) -> None:
     with pytest.raises(ValueError, match="split_mode"):
         Llama(tiny_model, split_mode=mode)  # type: ignore[arg-type]
+
+
+def test_attn_split_without_tensor_split_says_it_needs_tensor(tiny_model: Path) -> None:
+    """The split mode is wrong whatever the length: a split longer than the devices still says so."""
+    too_long = [1.0] * (max(1, _llama.gpu_device_count()) + 1)
+    with pytest.raises(ValueError, match='attn_split needs split_mode="tensor"'):
+        Llama(tiny_model, split_mode="layer", attn_split=too_long)
 
 
 def test_tensor_split_longer_than_devices(tiny_model: Path) -> None:

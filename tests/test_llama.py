@@ -119,6 +119,27 @@ def test_sampled_generation_follows_the_seed(tiny_model: Path) -> None:
     assert a != c
 
 
+def test_max_tokens_none_0_and_negative_mean_to_the_end_of_the_context(tiny_model: Path) -> None:
+    """llama-cpp-python's rule (llama_cpp/llama.py of 0.3.36: `if max_tokens is None or max_tokens <= 0`,
+    unlimited up to n_ctx), in create_completion and generate alike; anything but an integer or None is a
+    ValueError naming max_tokens."""
+    with Llama(tiny_model, n_ctx=256) as llm:
+        prompt = llm.tokenize("abc")
+        to_the_end = list(llm.generate(prompt, max_tokens=None, temperature=0.0, stop_on_eog=False))
+        assert len(prompt) + len(to_the_end) == 256 + 1  # the last token is not decoded
+        for n in (0, -1, -100):
+            assert list(llm.generate(prompt, max_tokens=n, temperature=0.0, stop_on_eog=False)) == to_the_end, n
+        want = llm.create_completion("abc", max_tokens=None, temperature=0.0)
+        for n in (0, -1):
+            out = llm.create_completion("abc", max_tokens=n, temperature=0.0)
+            assert (out["choices"][0], out["usage"]) == (want["choices"][0], want["usage"]), n
+        for bad in ("5", 2.5, True):
+            with pytest.raises(ValueError, match="max_tokens"):
+                llm.create_completion("abc", max_tokens=bad)  # type: ignore[arg-type]
+            with pytest.raises(ValueError, match="max_tokens"):
+                next(llm.generate(prompt, max_tokens=bad))  # type: ignore[arg-type]
+
+
 def test_create_completion(tiny_model: Path) -> None:
     with Llama(tiny_model, n_ctx=256) as llm:
         out = llm.create_completion("abc", max_tokens=8, temperature=0.0)

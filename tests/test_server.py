@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +29,7 @@ from pyllama_so import args as A
 from pyllama_so.bench.__main__ import parser as bench_parser
 from pyllama_so.bench.runner import DEFAULTS
 from pyllama_so.sampling import SamplingParams
+from pyllama_so.server.__main__ import main as server_main
 from pyllama_so.server.__main__ import parser as server_parser
 from pyllama_so.server.engine import Delta, Done, Engine, Event, Job, Step
 
@@ -112,11 +114,34 @@ def test_model_flags_come_from_one_table(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @pytest.mark.parametrize("bad", [["-ub", "0"], ["-sm", "diagonal"], ["-so", "maybe"], ["--port", "70000"],
-                                 ["-np", "0"]])
+                                 ["-np", "0"], ["--shutdown-grace", "-1"], ["--shutdown-grace", "nan"]])
 def test_bad_server_flags_exit_2(bad: list[str]) -> None:
     with pytest.raises(SystemExit) as e:
         server_parser().parse_args(bad)
     assert e.value.code == 2
+
+
+def test_attn_split_without_tensor_split_says_it_needs_tensor(capsys: pytest.CaptureFixture[str]) -> None:
+    """-as with -sm layer is wrong whatever its length: the error is the split mode, not the device count
+    (the split here is longer than this machine's devices)."""
+    split = "/".join(["1"] * (max(1, _llama.gpu_device_count()) + 1))
+    assert server_main(["-m", "unused.gguf", "-as", split]) == 2
+    assert capsys.readouterr().err.splitlines() == ["server: error: -as needs -sm tensor, not -sm layer"]
+
+
+def test_port_in_use_is_found_before_the_model(tmp_path: Path) -> None:
+    """A port another program listens on: one line naming the address, status 1, and the synthetic model
+    was not even written (the port is checked first)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = subprocess.run([sys.executable, "-m", "pyllama_so.server", "--synthetic", "tiny", "--port", str(port)],
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYLLAMA_SO_CACHE": str(tmp_path)})
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.splitlines() == [f"server: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_without_the_server_extra_names_it(tmp_path: Path) -> None:
@@ -155,15 +180,18 @@ def test_completion_equals_llama(server: Server, llm: Llama, stream: bool) -> No
     assert got == want
 
 
-def test_completion_to_the_end_of_the_slot_equals_llama(server: Server, llm: Llama) -> None:
-    """max_tokens null: until the slot's context is full, as Llama stops at the end of its context."""
+@pytest.mark.parametrize("max_tokens", [None, 0, -1])
+def test_completion_to_the_end_of_the_slot_equals_llama(server: Server, llm: Llama, max_tokens: int | None) -> None:
+    """max_tokens null, 0 or negative: until the slot's context is full, as Llama (and llama-cpp-python's
+    Llama, llama_cpp/llama.py of 0.3.36: `if max_tokens is None or max_tokens <= 0`) stops at the end of
+    its context."""
     prompt = unique_tokens(1, 200)
-    r = server.post("/v1/completions", {"prompt": prompt, "max_tokens": None, "temperature": 0})
+    r = server.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
     assert r.status_code == 200, r.text
     body = r.json()
     got = (body["choices"][0]["text"], body["choices"][0]["finish_reason"], body["usage"]["prompt_tokens"],
            body["usage"]["completion_tokens"])
-    assert got == reference(llm, prompt, None)
+    assert got == reference(llm, prompt, max_tokens) == reference(llm, prompt, None)
     assert got[1] == "length" and got[2] + got[3] == SLOT_CTX + 1  # the last token is sent, not decoded
 
 
@@ -195,13 +223,10 @@ def test_chat_equals_llama_on_the_chatml_prompt(server: Server, llm: Llama, stre
     assert got == want
 
 
-def test_echo_and_max_tokens_0(server: Server, llm: Llama) -> None:
+def test_echo(server: Server, llm: Llama) -> None:
     want = llm.create_completion(PROMPT, max_tokens=6, temperature=0.0, echo=True)["choices"][0]["text"]
     out = server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, echo=True)
     assert out.choices[0].text == want and want.startswith(PROMPT)
-    none = server.post("/v1/completions", {"prompt": PROMPT + " and more", "max_tokens": 0}).json()
-    assert (none["choices"][0]["text"], none["choices"][0]["finish_reason"]) == ("", "length")
-    assert none["usage"]["completion_tokens"] == 0 and none["timings"]["prompt_n"] > 0  # the prompt was evaluated
 
 
 def test_stop_string_equals_llama(server: Server, llm: Llama) -> None:
@@ -236,7 +261,9 @@ def test_models_and_health(server: Server, tiny_model: Path) -> None:
     models = server.client().models.list()
     assert [m.id for m in models.data] == [tiny_model.name]
     meta = httpx.get(f"{server.url}/v1/models").json()["data"][0]["meta"]
-    assert meta["n_ctx_slot"] == SLOT_CTX and meta["n_slots"] == 4 and "chatml" in meta["chat_template"]
+    assert meta["n_ctx_slot"] == SLOT_CTX and meta["n_slots"] == 4
+    assert (meta["chat_template"], meta["chat_template_source"]) == (
+        "chatml", "default (chatml: the model has no chat template)")
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
 
 
@@ -340,6 +367,46 @@ def test_a_long_prompt_does_not_stall_a_generation(tiny_model: Path) -> None:
     assert "".join(texts["a"]) == want_a[0] and "".join(texts["b"]) == want_b[0]
 
 
+def test_a_snapshot_shows_whole_steps(tiny_model: Path) -> None:
+    """In the engine (no HTTP): snapshot() read in the middle of a step (from a job's emit callback, which
+    runs on the engine thread after a slot sampled) is the one published at the end of the step before,
+    for both slots; each step's host time (the step without its llama_decode call) is in the snapshot."""
+    model = _llama.Model.load(tiny_model, n_gpu_layers=0)
+    ctx = _llama.Context(model, n_ctx=2 * SLOT_CTX, n_batch=64, n_ubatch=16, n_seq_max=2, n_threads=2)
+    published: list[dict[str, Any]] = []  # after each step
+    mid_step: list[tuple[int, dict[str, Any]]] = []
+    ended = threading.Semaphore(0)
+
+    def view(snapshot: Any) -> dict[str, Any]:  # what the engine publishes (not the queue, read when asked)
+        d = snapshot.as_dict()
+        return {k: d[k] for k in ("slots", "steps", "steps_by_slots", "last_step", "step_host_ms")}
+
+    def emit(event: Event) -> None:
+        if isinstance(event, Delta):
+            mid_step.append((len(published), view(engine.snapshot())))
+        else:
+            ended.release()
+
+    engine = Engine(ctx, on_step=lambda step: published.append(view(engine.snapshot())))
+    published.append(view(engine.snapshot()))
+    engine.start()
+    try:
+        for seed in (9, 10):
+            engine.submit(Job(unique_tokens(seed, 12), emit, max_tokens=24, sampling=GREEDY))
+        assert ended.acquire(timeout=60) and ended.acquire(timeout=60)
+        final = engine.snapshot().as_dict()
+    finally:
+        engine.stop()
+        ctx.free()
+        model.free()
+    assert len(mid_step) > 10
+    for n, seen in mid_step:
+        assert seen == published[n - 1], n
+    assert final["steps"] == len(published) - 1
+    assert final["last_step"]["host_ms"] == final["step_host_ms"]["last"] > 0
+    assert final["step_host_ms"]["mean"] > 0
+
+
 def test_load_64_requests_from_8_clients(server: Server, llm: Llama) -> None:
     """64 requests over 8 prompts (each with its own max_tokens), half streamed, from 8 threads: every
     answer is its own prompt's, none missing; the server is alive afterwards."""
@@ -373,13 +440,20 @@ def test_load_64_requests_from_8_clients(server: Server, llm: Llama) -> None:
     ("/v1/completions", b'{"prompt": "Hi", "max_tokens": 4', None, None),  # not JSON
     ("/v1/completions", b'["a list"]', None, None),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": "ten"}, "max_tokens", None),
-    ("/v1/completions", {"prompt": "Hi", "max_tokens": -1}, "max_tokens", None),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": "5"}, "max_tokens", None),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2.5}, "max_tokens", None),
     ("/v1/completions", {"prompt": "Hi", "temperature": "hot"}, "temperature", None),
     ("/v1/completions", {"prompt": "Hi", "top_p": 0}, "top_p", None),
     ("/v1/completions", {"prompt": "Hi", "stop": 3}, "stop", None),
     ("/v1/completions", {"prompt": "Hi", "n": 2}, "n", None),
     ("/v1/completions", {"prompt": 12}, "prompt", None),
     ("/v1/completions", {"max_tokens": 3}, "prompt", None),
+    ("/v1/completions", {"prompt": ""}, "prompt", None),
+    ("/v1/completions", {"prompt": [""]}, "prompt", None),
+    ("/v1/completions", {"prompt": []}, "prompt", None),
+    ("/v1/completions", rb'{"prompt": "a \ud800 b"}', "prompt", None),  # a lone surrogate: no text encodes it
+    ("/v1/completions", rb'{"prompt": "Hi", "stop": ["\udc00"]}', "stop", None),
+    ("/v1/chat/completions", rb'{"messages": [{"role": "user", "content": "a \ud800 b"}]}', "messages", None),
     ("/v1/completions", {"prompt": ["one", "two"]}, "prompt", None),
     ("/v1/completions", {"prompt": [1, 99999]}, "prompt", None),
     ("/v1/completions", {"prompt": [1] * (SLOT_CTX + 1)}, "prompt", "context_length_exceeded"),
@@ -401,8 +475,8 @@ def test_bad_request_is_400_and_the_server_goes_on(server: Server, path: str, bo
 
 
 def test_openai_client_raises_bad_request(server: Server) -> None:
-    with pytest.raises(openai.BadRequestError, match="max_tokens"):
-        server.client().completions.create(model="tiny", prompt="Hi", max_tokens=-1)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        server.client().completions.create(model="tiny", prompt="Hi", temperature=-1)
 
 
 def test_unknown_route_is_a_404_in_openai_shape(server: Server) -> None:
@@ -414,13 +488,16 @@ def test_unknown_route_is_a_404_in_openai_shape(server: Server) -> None:
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One slot, a queue of one, an API key; no -m: the synthetic tiny model, written to a fresh cache."""
     cache = tmp_path_factory.mktemp("cache")
-    with Server(["--synthetic", "tiny", "-np", "1", "-c", "4096", "--queue-size", "1", "--api-key", "s3cret"],
-                env={"PYLLAMA_SO_CACHE": str(cache)}, api_key="s3cret") as s:
+    with Server(["--synthetic", "tiny", "-np", "1", "-c", "4096", "--queue-size", "1", "--api-key", "s3cret",
+                 "--chat-template", "llama3"], env={"PYLLAMA_SO_CACHE": str(cache)}, api_key="s3cret") as s:
         yield s
 
 
 def test_default_model_is_the_synthetic_one(keyed: Server) -> None:
-    assert [m.id for m in keyed.client().models.list().data] == [f"tiny-f16-v{synth.CACHE_VERSION}.gguf"]
+    models = keyed.client().models.list().data
+    assert [m.id for m in models] == [f"tiny-f16-v{synth.CACHE_VERSION}.gguf"]
+    meta = (models[0].model_extra or {})["meta"]
+    assert (meta["chat_template"], meta["chat_template_source"]) == ("llama3", "--chat-template")
 
 
 @pytest.mark.parametrize("key", [None, "wrong", "s3cret2"])
@@ -460,6 +537,23 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(keyed: Server) -> Non
     slot = keyed.slots()["slots"][0]
     assert slot["state"] == "idle" and slot["totals"]["generated"] < 4000  # the long one did not run to its end
     assert re.search(r"slot 0: cancelled after \d+ prompt tokens and \d+ generated", keyed.log), keyed.log
+
+
+def test_a_client_gone_from_a_non_streamed_request_cancels_it(keyed: Server) -> None:
+    """A non-streamed request whose client stops waiting (a 1 s timeout) while it generates is cancelled
+    within about a second, not generated to its end (here the end of the 4096-token slot), and the next
+    request gets the slot at once."""
+    body = {"prompt": unique_tokens(8, 20), "max_tokens": None, "temperature": 0}
+    with pytest.raises(httpx.TimeoutException):
+        keyed.post("/v1/completions", body, timeout=1.0)
+    gone = time.monotonic()
+    while keyed.slots()["slots"][0]["state"] != "idle":
+        assert time.monotonic() - gone < 2.0, keyed.slots()
+        time.sleep(0.02)
+    assert re.search(r"slot 0: cancelled after 20 prompt tokens and \d+ generated", keyed.log), keyed.log
+    t0 = time.monotonic()
+    assert keyed.post("/v1/completions", {"prompt": "Hi", "max_tokens": 3}).status_code == 200
+    assert time.monotonic() - t0 < 5
 
 
 # -- tensor split with and without split overlap --

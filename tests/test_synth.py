@@ -157,6 +157,16 @@ def test_cli_unwritable_path_is_one_line(tmp_path: Path, where: str) -> None:
     assert len(lines) == 1 and lines[0].startswith(f"synth: error: cannot write {out}: "), res.stderr
 
 
+def test_list_counts_the_parameters(capsys: pytest.CaptureFixture[str]) -> None:
+    """--list gives each shape's parameter count in full (tiny has under a million: "0.000 B" said nothing)."""
+    assert synth.main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name, shape in synth.SHAPES.items():
+        n = sum(t.n_elements for t in synth.tensors(shape, "f16"))
+        assert any(line.split()[:3] == [name, f"{n:,}", "params"] for line in lines), (name, lines)
+    assert 100_000 < sum(t.n_elements for t in synth.tensors(synth.SHAPES["tiny"], "f16")) < 1_000_000
+
+
 def test_name_says_synthetic_and_shape(tiny_model: Path) -> None:
     with Llama(tiny_model, n_ctx=256) as llm:
         assert llm.model.meta("general.name") == "synthetic qwen3 tiny"

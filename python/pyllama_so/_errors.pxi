@@ -26,8 +26,8 @@ class QuantizeError(LlamaError):
 
 cdef extern from *:
     """
-    // The last error line llama.cpp logged on this thread: decodes run without the GIL, so two
-    // threads must not read each other's message.
+    // The error lines llama.cpp logged on this thread since the last take (as many as fit): decodes
+    // run without the GIL, so two threads must not read each other's message.
     static thread_local char pyllama_so_last_error[1024];
     """
     char _last_error "pyllama_so_last_error"[1024]
@@ -42,9 +42,8 @@ cdef void _log_callback(ggml_log_level level, const char * text, void * user_dat
         show = _log_last_shown
     else:
         show = level != GGML_LOG_LEVEL_NONE and <int> level >= _log_threshold
-        if level == GGML_LOG_LEVEL_ERROR:
-            strncpy(_last_error, text, sizeof(_last_error) - 1)
-            _last_error[sizeof(_last_error) - 1] = 0
+        if level == GGML_LOG_LEVEL_ERROR:  # all of them: the first is the cause, the last the failed call
+            strncat(_last_error, text, sizeof(_last_error) - 1 - strlen(_last_error))
     if show:
         fputs(text, stderr)
         fflush(stderr)
@@ -83,33 +82,34 @@ def set_verbose(bint verbose):
 
 
 cdef str _take_last_error():
-    """The calling thread's last logged error (empty if none), cleared."""
-    msg = (<bytes> _last_error).decode("utf-8", "replace").strip()
+    """The error lines the calling thread logged since the last call, joined by "; " (empty if none),
+    cleared."""
+    text = (<bytes> _last_error).decode("utf-8", "replace")
     _last_error[0] = 0
-    return msg
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 cdef _check_decode(int rc, str what, str call="llama_decode"):
     """The one place where llama_decode's (and llama_encode's) return codes become exceptions."""
+    detail = _take_last_error()  # on success too: a later call's detail must be its own
     if rc == 0:
         return
     if rc == 1:
         raise ContextFullError(f"{what}: no KV-cache slot for the batch (the context is full; raise n_ctx)")
     if rc == 2:
         raise DecodeError(f"{what}: aborted")
-    detail = _take_last_error()
     if rc == -1:
         raise ValueError(f"{what}: invalid batch" + (f" ({detail})" if detail else ""))
     raise DecodeError(f"{what}: {call} returned {rc}" + (f": {detail}" if detail else ""))
 
 
 cdef _null_check(const void * ptr, exc_type, str what):
+    detail = _take_last_error()
     if ptr == NULL:
-        detail = _take_last_error()
         raise exc_type(what + (f": {detail}" if detail else ""))
 
 
 cdef _check_quantize(uint32_t rc, str what):
+    detail = _take_last_error()
     if rc != 0:
-        detail = _take_last_error()
         raise QuantizeError(what + (f": {detail}" if detail else f" (llama_model_quantize returned {rc})"))

@@ -51,6 +51,16 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1)
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):  # not NaN either
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
 def tcp_port(low: int) -> Callable[[str], int]:
     """A TCP port in low..65535 (low 0 where 0 means any free port)."""
     def parse(text: str) -> int:

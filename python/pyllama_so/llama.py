@@ -19,11 +19,22 @@ import numpy as np
 from pyllama_so import _llama
 from pyllama_so._llama import ContextFullError, ModelLoadError
 from pyllama_so.grammar import LlamaGrammar, grammar_text
-from pyllama_so.logprobs import LogitsProcessor, StoppingCriteria, _LogprobRows
+from pyllama_so.logprobs import LogitsProcessor, LogprobRows, StoppingCriteria, completion_logprobs
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
 
 _GGUF_MAGIC = b"GGUF"
+
+
+def max_tokens_limit(max_tokens: int | None) -> int | None:
+    """max_tokens as llama-cpp-python reads it: None, 0 or a negative count generate up to the end of the
+    context (returned as None); a positive count at most that many tokens. The server follows the same
+    rule. ValueError for anything but an integer or None."""
+    if max_tokens is None:
+        return None
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
+        raise ValueError(f"max_tokens must be an integer or None, got {max_tokens!r}")
+    return int(max_tokens) if max_tokens > 0 else None
 
 
 def _check_gguf_file(path: Path) -> None:
@@ -103,13 +114,13 @@ class Llama:
         fa = _llama.flash_attn_name(flash_attn)
         tk, tv = _llama.cache_type_name(type_k, "type_k"), _llama.cache_type_name(type_v, "type_v")
         servers = None if rpc_servers is None else _llama.rpc_endpoints(rpc_servers)
+        if attn_split is not None and mode != "tensor":  # before its length: no device count makes it right
+            raise ValueError(f'attn_split needs split_mode="tensor" (got split_mode={mode!r}): it splits the '
+                             "attention heads of tensor split")
         # with RPC servers the device count is known once connected: Model.load checks the lengths then
         n_devices = None if servers is None else _llama.max_devices()
         split = None if tensor_split is None else _llama.check_tensor_split(tensor_split, n_devices)
         attn = None if attn_split is None else _llama.check_attn_split(attn_split, n_devices)
-        if attn is not None and mode != "tensor":
-            raise ValueError(f'attn_split needs split_mode="tensor" (got split_mode={mode!r}): it splits the '
-                             "attention heads of tensor split")
         if n_ctx < 0:
             raise ValueError(f"n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
         if n_ubatch is None:
@@ -293,13 +304,14 @@ class Llama:
         """Yield new tokens after `tokens`. Sampling parameters by llama-cpp-python's names (SamplingParams:
         temperature/temp, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty, presence_penalty,
         penalty_last_n, mirostat_*, dry_*, xtc_*, top_n_sigma, logit_bias); temperature=0 is greedy. Stops at
-        max_tokens, the end of the context, or an end-of-generation token (which is not yielded).
+        max_tokens (None, 0 or less: no limit, as in create_completion), the end of the context, or an
+        end-of-generation token (which is not yielded).
 
         Each step decodes, samples and accepts in C with the GIL released; Python sees only token ids. A
         logits_processor(input_ids, scores) -> scores or stopping_criteria(input_ids, scores) -> bool is
         llama-cpp-python's slow path: the logits row of every step is copied into numpy for it.
         """
-        for tok, _ in self._steps([int(t) for t in tokens], max_tokens, seed, stop_on_eog, grammar, None,
+        for tok, _ in self._steps([int(t) for t in tokens], max_tokens_limit(max_tokens), seed, stop_on_eog, grammar, None,
                                   logits_processor, stopping_criteria, sampling):
             yield tok
 
@@ -379,7 +391,7 @@ class Llama:
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """OpenAI-style text completion with llama-cpp-python's signature (positional order included).
 
-        max_tokens None or <= 0: up to the end of the context. logprobs=N (0..MAX_LOGPROBS): per generated
+        max_tokens None, 0 or less: up to the end of the context (llama-cpp-python's rule). logprobs=N (0..MAX_LOGPROBS): per generated
         token its text, offset, log-probability and the top N alternatives, in llama-cpp-python's format
         (log-softmax of the model's logits, computed in C). Further llama.cpp samplers by keyword
         (penalty_last_n, dry_*, xtc_*, top_n_sigma, min_keep). tfs_z is accepted and ignored (llama.cpp
@@ -393,7 +405,8 @@ class Llama:
                         mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logit_bias=logit_bias)
         SamplingParams.from_kwargs(**sampling)  # bad input fails here, also for a stream not yet iterated
         _llama.check_logprobs(logprobs)
-        chunks = self._completion(prompt, suffix, max_tokens, logprobs, echo, stop, seed, model, stopping_criteria,
+        # max_tokens checked now, not at the stream's first chunk
+        chunks = self._completion(prompt, suffix, max_tokens_limit(max_tokens), logprobs, echo, stop, seed, model, stopping_criteria,
                                   logits_processor, grammar, sampling)
         if stream:
             return chunks
@@ -420,8 +433,6 @@ class Llama:
                     sampling: dict[str, Any]) -> Iterator[dict[str, Any]]:
         prompt_tokens = self.tokenize(prompt) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if max_tokens is not None and max_tokens <= 0:
-            max_tokens = None  # llama-cpp-python: <= 0 means up to the end of the context
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         prompt_len = len(prompt) if isinstance(prompt, str) else len(self.detokenize(prompt_tokens).decode("utf-8", "replace"))
 
@@ -432,7 +443,8 @@ class Llama:
         if echo:
             yield chunk(self.detokenize(prompt_tokens).decode("utf-8", "replace"), None)
         text = TextStream(self.detokenize, stops)
-        pending = _LogprobRows(self, prompt_len) if n_logprobs is not None else None
+        pending = LogprobRows(lambda tok: self.detokenize([tok]).decode("utf-8", "ignore"), prompt_len) \
+            if n_logprobs is not None else None
         sent = 0
         for tok, lp in self._steps(prompt_tokens, max_tokens, seed, True, grammar, n_logprobs, logits_processor,
                                    stopping_criteria, sampling):
@@ -441,7 +453,8 @@ class Llama:
             ready = text.push(tok)
             if ready:
                 sent += len(ready)
-                yield chunk(ready, None, pending.take(sent) if pending is not None else None)
+                rows = pending.take(sent) if pending is not None else []
+                yield chunk(ready, None, completion_logprobs(rows) if rows else None)
             if text.stopped:
                 break
         produced = text.tokens
@@ -455,4 +468,5 @@ class Llama:
         usage = {"prompt_tokens": len(prompt_tokens), "completion_tokens": len(produced),
                  "total_tokens": len(prompt_tokens) + len(produced)}
         sent += len(tail)
-        yield chunk(tail, finish, pending.take(sent, final=True) if pending is not None else None, usage=usage)
+        lps = completion_logprobs(pending.take(sent, final=True)) if pending is not None else None
+        yield chunk(tail, finish, lps, usage=usage)

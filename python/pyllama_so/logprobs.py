@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-if TYPE_CHECKING:
-    from pyllama_so.llama import Llama
 
 LogitsProcessor = Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], npt.NDArray[np.single]]
 StoppingCriteria = Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], bool]
@@ -32,36 +30,58 @@ class StoppingCriteriaList(list):  # type: ignore[type-arg]
         return any(criterion(input_ids, logits) for criterion in self)
 
 
-class _LogprobRows:
-    """The logprobs of generated tokens, handed out with the chunk whose text they start in.
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token: its text, offset in prompt + completion, log-probability and the top
+    alternatives as (text, logprob), best first."""
 
-    Each entry: the token's text, its offset in prompt + completion (llama-cpp-python's text_offset),
-    its log-probability, and the top alternatives as {text: logprob}, the token itself included.
-    """
+    text: str
+    offset: int
+    logprob: float | None
+    top: tuple[tuple[str, float], ...]
 
-    def __init__(self, llm: Llama, prompt_len: int) -> None:
-        self._piece = lambda tok: llm.detokenize([tok]).decode("utf-8", "ignore")
+
+class LogprobRows:
+    """The logprobs of generated tokens, handed out with the text chunk they start in (Llama's stream and
+    the server's slots): piece(token) is a token's text, prompt_len where the completion's offsets start."""
+
+    def __init__(self, piece: Callable[[int], str], prompt_len: int = 0) -> None:
+        self._piece = piece
         self._offset = prompt_len
         self._prompt_len = prompt_len
-        self._rows: list[tuple[str, int, float | None, dict[str, float]]] = []
+        self._rows: list[TokenLogprob] = []
 
     def add(self, token: int, logprobs: tuple[float | None, list[tuple[int, float]]] | None) -> None:
         assert logprobs is not None
         lp, top = logprobs
         text = self._piece(token)
-        alternatives = {self._piece(i): v for i, v in top}
-        if lp is not None:
-            alternatives[text] = lp
-        self._rows.append((text, self._offset, lp, alternatives))
+        self._rows.append(TokenLogprob(text, self._offset, lp, tuple((self._piece(i), v) for i, v in top)))
         self._offset += len(text)
 
-    def take(self, sent: int, final: bool = False) -> dict[str, list[Any]] | None:
-        """The entries of tokens whose text starts within the first `sent` characters of the completion;
-        final: also drop the rest (tokens past a stop string)."""
+    def take(self, sent: int, final: bool = False) -> list[TokenLogprob]:
+        """The tokens whose text starts within the first `sent` characters of the completion; final: the
+        rest is dropped (tokens past a stop string)."""
         limit = self._prompt_len + sent
-        ready = [r for r in self._rows if r[1] < limit or (r[1] == limit and not r[0])]
+        ready = [r for r in self._rows if r.offset < limit or (r.offset == limit and not r.text)]
         self._rows = [] if final else self._rows[len(ready):]
-        if not ready and not final:
-            return None
-        return {"tokens": [r[0] for r in ready], "text_offset": [r[1] for r in ready],
-                "token_logprobs": [r[2] for r in ready], "top_logprobs": [r[3] for r in ready]}
+        return ready
+
+
+def completion_logprobs(rows: Sequence[TokenLogprob]) -> dict[str, list[Any]]:
+    """llama-cpp-python's (and OpenAI's legacy completions) format: top alternatives as {text: logprob},
+    the token itself included."""
+    tops = []
+    for r in rows:
+        alternatives = dict(r.top)
+        if r.logprob is not None:
+            alternatives[r.text] = r.logprob
+        tops.append(alternatives)
+    return {"tokens": [r.text for r in rows], "text_offset": [r.offset for r in rows],
+            "token_logprobs": [r.logprob for r in rows], "top_logprobs": tops}
+
+
+def chat_logprobs(rows: Sequence[TokenLogprob]) -> dict[str, list[dict[str, Any]]]:
+    """OpenAI's chat format: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
+    def entry(text: str, lp: float | None) -> dict[str, Any]:
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+    return {"content": [{**entry(r.text, r.logprob), "top_logprobs": [entry(t, v) for t, v in r.top]} for r in rows]}

@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cache: {default_cache_dir()}")
         for name, s in SHAPES.items():
             n = sum(t.n_elements for t in tensors(s, "f16"))
-            print(f"  {name:10s} {n / 1e9:7.3f} B params  n_embd={s.n_embd} n_layer={s.n_layer} n_ff={s.n_ff} "
+            print(f"  {name:10s} {n:>14,} params  n_embd={s.n_embd} n_layer={s.n_layer} n_ff={s.n_ff} "
                   f"heads={s.n_head}/{s.n_head_kv} vocab={s.n_vocab}")
         return 0 if args.list else 2
     if args.type not in WEIGHT_TYPES:

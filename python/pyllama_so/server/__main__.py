@@ -10,12 +10,14 @@ says otherwise. docs/server.md has the endpoints, the slots and the errors.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import logging
 import os
 import socket
 import sys
 from pathlib import Path
+from types import FrameType
 
 from pyllama_so import _llama
 from pyllama_so import args as A
@@ -47,6 +49,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--chat-template", default=A.env_default("CHAT_TEMPLATE", "") or None, metavar="NAME|TEXT",
                     help="a llama.cpp built-in template (chatml, llama3, ...) or a template text; default: the "
                     "model's, else chatml (env LLAMA_ARG_CHAT_TEMPLATE)")
+    ap.add_argument("--shutdown-grace", type=A.non_negative_float, default="5", metavar="SECONDS",
+                    help="on SIGINT or SIGTERM, the time requests in progress get to finish before they end "
+                    "with finish_reason length; a second signal ends them at once (default 5)")
+    ap.add_argument("--backend-sampling", action="store_true",
+                    help="run each slot's sampler chain in the decode graph (llama.cpp's experimental backend "
+                         "sampling; kept on the CPU under -sm tensor and for grammars and logprobs)")
     ap.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     return ap
 
@@ -62,16 +70,23 @@ def missing_extra() -> str | None:
 
 
 def listening_socket(host: str, port_: int) -> socket.socket:
+    """A socket bound to host:port (bound, not listening: connections are refused until uvicorn
+    serves). OSError naming the address when it cannot be bound, e.g. a port in use."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port_))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port_))
+    except OSError as e:
+        sock.close()
+        where = f"[{host}]:{port_}" if ":" in host else f"{host}:{port_}"
+        raise OSError(e.errno, f"cannot listen on {where}: {e.strerror or e}") from None
     sock.set_inheritable(True)
     return sock
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit status: 0 after a clean shutdown (Ctrl-C or SIGTERM while serving), 1 when it cannot start,
+    """Exit status: 0 after a clean shutdown (SIGINT or SIGTERM while serving), 1 when it cannot start,
     2 bad arguments, 130 Ctrl-C while starting."""
     try:
         return _main(argv)
@@ -83,6 +98,17 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     ap = parser()
     ns = ap.parse_args(argv)
+    if ns.ubatch_size is None:  # llama.cpp's 512, or with -so 1 half of -b, as Llama and the bench
+        ns.ubatch_size = _llama.default_n_ubatch(ns.batch_size, ns.split_overlap)
+    try:
+        _llama.check_batch_sizes(ns.batch_size, ns.ubatch_size)
+        if ns.split_overlap and ns.split_mode != "tensor":
+            raise ValueError(f"-so 1 needs -sm tensor, not -sm {ns.split_mode}")
+        if ns.attn_split and ns.split_mode != "tensor":  # before its length: no device count makes it right
+            raise ValueError(f"-as needs -sm tensor, not -sm {ns.split_mode}")
+    except ValueError as e:
+        print(f"server: error: {e}", file=sys.stderr)
+        return 2
     if not ns.rpc:  # with RPC servers the model load counts their devices too
         A.check_device_count(ap, "-ts/--tensor-split", [ns.tensor_split or ()], _llama.check_tensor_split)
         A.check_device_count(ap, "-as/--attn-split", [ns.attn_split or ()], _llama.check_attn_split)
@@ -92,34 +118,46 @@ def _main(argv: list[str] | None) -> int:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     _llama.set_log_level("info" if ns.verbose else "error")
-    if ns.ubatch_size is None:  # llama.cpp's 512, or with -so 1 half of -b, as Llama and the bench
-        ns.ubatch_size = _llama.default_n_ubatch(ns.batch_size, ns.split_overlap)
     try:
-        _llama.check_batch_sizes(ns.batch_size, ns.ubatch_size)
-        if ns.split_overlap and ns.split_mode != "tensor":
-            raise ValueError(f"-so 1 needs -sm tensor, not -sm {ns.split_mode}")
-        if ns.attn_split and ns.split_mode != "tensor":
-            raise ValueError(f"-as needs -sm tensor, not -sm {ns.split_mode}")
-    except ValueError as e:
-        print(f"server: error: {e}", file=sys.stderr)
-        return 2
-    path = Path(ns.model) if ns.model else cached_model(ns.synthetic)
-    if not path.is_file():
-        print(f"server: model file not found: {path}", file=sys.stderr)
+        sock = listening_socket(ns.host, ns.port)  # before the model: a port in use is found at once
+    except OSError as e:
+        print(f"server: error: {e.strerror}", file=sys.stderr)
         return 1
     try:
-        return serve(ns, path)
+        path = Path(ns.model) if ns.model else cached_model(ns.synthetic)
+        if not path.is_file():
+            print(f"server: model file not found: {path}", file=sys.stderr)
+            return 1
+        return serve(ns, path, sock)
     except (_llama.LlamaError, ValueError, OSError) as e:
         print(f"server: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        sock.close()
 
 
-def serve(ns: argparse.Namespace, path: Path) -> int:
+def serve(ns: argparse.Namespace, path: Path, sock: socket.socket) -> int:
     import uvicorn
 
     from pyllama_so.server import chat
     from pyllama_so.server.app import create_app
     from pyllama_so.server.engine import Engine
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, on whose first SIGINT or SIGTERM requests get --shutdown-grace seconds (the
+        engine drains), on the second they end at once (with their last chunks), and on the third uvicorn
+        quits without waiting for them. uvicorn's own handler would raise the signal again once it stopped
+        (exit status 130 or 143); a clean shutdown exits 0."""
+
+        signals = 0
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # a signal handler: only flags here, the drain itself runs on the event loop
+            self.signals += 1
+            grace = ns.shutdown_grace if self.signals == 1 else 0.0
+            asyncio.get_running_loop().call_soon_threadsafe(engine.drain, grace)
+            self.should_exit = True
+            self.force_exit = self.signals > 2
 
     model = _llama.Model.load(path, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode, main_gpu=ns.main_gpu,
                               tensor_split=ns.tensor_split, attn_split=ns.attn_split, rpc_servers=ns.rpc)
@@ -133,23 +171,24 @@ def serve(ns: argparse.Namespace, path: Path) -> int:
         if ns.split_overlap and not lanes["enabled"]:
             log.warning("split overlap stays off: %s", lanes["reason"])
         template = chat.resolve(model, ns.chat_template)
-        engine = Engine(ctx, queue_size=ns.queue_size)
+        engine = Engine(ctx, queue_size=ns.queue_size, backend_sampling=ns.backend_sampling)
         model_id = ns.alias or path.name
         meta = {"path": str(path), "desc": model.desc, "n_params": model.n_params, "size": model.size,
                 "split_mode": ns.split_mode, "split_overlap": ns.split_overlap}
-        app = create_app(engine, model_id=model_id, chat=template, api_key=ns.api_key, model_meta=meta)
-        sock = listening_socket(ns.host, ns.port)
+        app = create_app(engine, model_id=model_id, chat=template, api_key=ns.api_key, model_meta=meta,
+                         shutdown_grace=ns.shutdown_grace)
         host, bound = sock.getsockname()[:2]
         engine.start()
         try:
             log.info("%s: %d slots of %d tokens, n_batch %d, n_ubatch %d, chat template %s", model_id,
                      ns.parallel, ctx.n_ctx_seq, ctx.n_batch, ctx.n_ubatch, template.source)
             log.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, bound)
-            config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
-            uvicorn.Server(config).run(sockets=[sock])
+            # uvicorn waits for the responses a little longer than the engine's grace, for their last chunks
+            config = uvicorn.Config(app, log_level="warning", access_log=False,
+                                    timeout_graceful_shutdown=ns.shutdown_grace + 2)
+            Server(config).run(sockets=[sock])
         finally:
             engine.stop()
-            sock.close()
     finally:
         if ctx is not None:
             ctx.free()

@@ -2,7 +2,9 @@
 
 Handlers tokenize, submit a Job and turn its events into OpenAI's response objects, streamed as
 server-sent events with `stream: true`. The engine's thread hands events to the event loop through an
-asyncio queue per request.
+asyncio queue per request. A client that goes away cancels its job: a stream when sse-starlette sees the
+disconnect, a non-streamed request when the poll of Request.is_disconnected() does (every
+DISCONNECT_POLL_S seconds).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,13 +24,22 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from pyllama_so import __version__, _llama
+from pyllama_so._build_info import UPSTREAM_COMMIT
+from pyllama_so.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from pyllama_so.server import errors
 from pyllama_so.server.chat import ChatTemplate
-from pyllama_so.server.engine import Delta, Done, Engine, EngineStopped, Event, Failed, Job, PromptError, QueueFull
+from pyllama_so.server.engine import (SHUTTING_DOWN, Delta, Done, Engine, EngineStopped, Event, Failed, Job,
+                                      PromptError, QueueFull)
 from pyllama_so.server.errors import ApiError
 from pyllama_so.server.schemas import ChatRequest, CompletionRequest, GenerationRequest
 
 PUBLIC_PATHS = frozenset({"/health"})  # answered without the API key
+# OpenAI's system_fingerprint: this build (the package and the upstream commit it is built on)
+FINGERPRINT = f"pyllama_so-{__version__}-{UPSTREAM_COMMIT[:9]}"
+DISCONNECT_POLL_S = 0.25
+# a stream outlives the engine's grace period by this much, so that its last chunk and [DONE] get out
+STREAM_GRACE_MARGIN_S = 1.5
 
 
 class ApiKeyMiddleware:
@@ -60,8 +71,7 @@ class Run:
         def emit(event: Event) -> None:  # on the engine's thread
             loop.call_soon_threadsafe(self.events.put_nowait, event)
 
-        self.job = Job(prompt, emit, max_tokens=max_tokens, sampling=body.sampling(), seed=body.seed,
-                       stop=body.stops(), id=job_id)
+        self.job = _job(engine, body, prompt, emit, max_tokens, job_id)
         self.ended = False
         try:
             engine.submit(self.job)
@@ -87,28 +97,60 @@ class Run:
 
     async def collect(self, request: Request) -> tuple[str, Done] | None:
         """All the text and the Done event; None when the client disconnects first (the job is cancelled)."""
-        parts: list[str] = []
-        getter = asyncio.ensure_future(self.events.get())
+        result = asyncio.ensure_future(self._gather())
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            while True:
-                finished, _ = await asyncio.wait({getter}, timeout=1.0)
-                if not finished:
-                    if await request.is_disconnected():
-                        return None
-                    continue
-                event = getter.result()
-                if isinstance(event, Delta):
-                    parts.append(event.text)
-                    getter = asyncio.ensure_future(self.events.get())
-                    continue
-                self.ended = True
-                if isinstance(event, Failed):
-                    raise ApiError(500, event.message, code="generation_failed")
-                parts.append(event.text)
-                return "".join(parts), event
+            await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+            return result.result() if result.done() else None
         finally:
-            getter.cancel()
+            result.cancel()
+            gone.cancel()
             self.cancel()
+
+    async def _gather(self) -> tuple[str, Done]:
+        parts: list[str] = []
+        self.logprobs: list[TokenLogprob] = []  # every Delta's and the Done's, in order
+        async for event in self:
+            if isinstance(event, Delta):
+                parts.append(event.text)
+                self.logprobs += event.logprobs
+            elif isinstance(event, Failed):
+                raise _failure(event)
+            else:
+                parts.append(event.text)
+                self.logprobs += event.logprobs
+                return "".join(parts), event
+        raise AssertionError("a job's events end with Done or Failed")
+
+
+def _job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: Callable[[Event], None],
+         max_tokens: int | None, job_id: str) -> Job:
+    """The request's Job, its sampling parameters checked here, before it is queued: a value out of range
+    (or a logit_bias id outside the vocabulary, a grammar llama.cpp rejects) is a 400 naming the field."""
+    try:
+        sampling = body.sampling()
+        n_logprobs = _llama.check_logprobs(body.n_logprobs, "top_logprobs" if isinstance(getattr(body, "logprobs", None), bool)
+                                           else "logprobs")
+        grammar = getattr(body, "grammar_text", lambda: None)()
+        _llama.Sampler(engine.model, sampling, n_ctx=engine.n_ctx_slot, grammar=grammar).free()
+    except ValueError as e:
+        message = str(e)
+        param = next((f for f in type(body).model_fields if message.startswith(f)), None)
+        raise ApiError(400, message, param=param) from None
+    return Job(prompt, emit, max_tokens=max_tokens, sampling=sampling, seed=body.seed, stop=body.stops(),
+               grammar=grammar, logprobs=n_logprobs, id=job_id)
+
+
+def _failure(event: Failed) -> ApiError:
+    if event.stopped:
+        return ApiError(503, event.message, code="unavailable")
+    return ApiError(500, event.message, code="generation_failed")
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (Starlette sees the disconnect only when asked)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
 
 
 def _usage(done: Done) -> dict[str, Any]:
@@ -123,8 +165,9 @@ def _sse(obj: dict[str, Any]) -> dict[str, str]:
 
 
 def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: str | None = None,
-               model_meta: dict[str, Any] | None = None) -> FastAPI:
-    """The FastAPI app serving engine's model as model_id."""
+               model_meta: dict[str, Any] | None = None, shutdown_grace: float = 5.0) -> FastAPI:
+    """The FastAPI app serving engine's model as model_id. shutdown_grace: the seconds the engine gives
+    requests after engine.drain() (streams stay open that long, and a little more for their last chunk)."""
     app = FastAPI(title="pyllama_so", summary="OpenAI-compatible server over llama.cpp")
     errors.install(app)
     if api_key:
@@ -134,9 +177,12 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
     n_vocab = model.n_vocab
 
     def stream(run: Run, body: GenerationRequest, chunk: Callable[..., dict[str, Any]], first: list[dict[str, Any]],
-               delta: Callable[[str], Any], last: Callable[[str], Any]) -> EventSourceResponse:
+               delta: Callable[[str], Any], last: Callable[[str], Any],
+               logprobs: Callable[[Sequence[TokenLogprob]], Any]) -> EventSourceResponse:
         """SSE: the first chunks, a chunk per Delta, the last chunk with the finish reason and timings, the
         usage chunk when asked (stream_options.include_usage), [DONE]. A client that leaves cancels the job."""
+
+        want = run.job.logprobs is not None
 
         async def events() -> AsyncIterator[dict[str, str]]:
             try:
@@ -144,35 +190,41 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                     yield _sse(c)
                 async for event in run:
                     if isinstance(event, Delta):
-                        yield _sse(chunk(delta(event.text), None))
+                        yield _sse(chunk(delta(event.text), None, lps=want and logprobs(event.logprobs)))
                     elif isinstance(event, Done):
-                        yield _sse(chunk(last(event.text), event.finish_reason, timings=event.timings.as_dict()))
+                        yield _sse(chunk(last(event.text), event.finish_reason, lps=want and logprobs(event.logprobs),
+                                         timings=event.timings.as_dict()))
                         if body.include_usage:
                             yield _sse({**chunk(delta(""), None), "choices": [], "usage": _usage(event)})
                     else:
-                        yield _sse(errors.error_body(500, event.message, code="generation_failed"))
+                        e = _failure(event)
+                        yield _sse(errors.error_body(e.status, e.message, code=e.code))
                 yield {"data": "[DONE]"}
             finally:
                 run.cancel()
 
-        # the background task also cancels a job whose stream never started (a client gone at once)
-        return EventSourceResponse(events(), background=BackgroundTask(run.cancel))
+        # the background task also cancels a job whose stream never started (a client gone at once);
+        # at a shutdown sse-starlette would cancel the stream at once: it waits for the engine instead
+        return EventSourceResponse(events(), background=BackgroundTask(run.cancel),
+                                   shutdown_grace_period=shutdown_grace + STREAM_GRACE_MARGIN_S)
 
     @app.get("/health")
     async def health() -> JSONResponse:
         if not engine.running:
             return JSONResponse({"status": "error", "error": str(engine.error or "the engine stopped")},
                                 status_code=503)
+        if not engine.accepting:
+            return JSONResponse({"status": "error", "error": SHUTTING_DOWN}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/slots")
     async def slots() -> dict[str, Any]:
-        return engine.snapshot()
+        return engine.snapshot().as_dict()
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        meta = {"n_ctx_slot": engine.n_ctx_slot, "n_slots": len(engine.slots), "n_vocab": n_vocab,
-                "chat_template": chat.source, **(model_meta or {})}
+        meta = {"n_ctx_slot": engine.n_ctx_slot, "n_slots": engine.n_slots, "n_vocab": n_vocab,
+                "chat_template": chat.template, "chat_template_source": chat.source, **(model_meta or {})}
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": started,
                                             "owned_by": "pyllama_so", "meta": meta}]}
 
@@ -180,6 +232,8 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
     async def completions(body: CompletionRequest, request: Request) -> dict[str, Any] | EventSourceResponse:
         if isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], str)):
             text = body.prompt if isinstance(body.prompt, str) else str(body.prompt[0])
+            if not text:  # it would tokenize to BOS alone
+                raise ApiError(400, "the prompt is empty", param="prompt")
             prompt = await run_in_threadpool(lambda: model.tokenize(text).tolist())
         else:
             prompt = [int(t) for t in body.prompt]
@@ -188,19 +242,22 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                 raise ApiError(400, f"token id {bad[0]} out of range [0, {n_vocab})", param="prompt")
         echo = model.detokenize_bytes(prompt).decode("utf-8", "replace") if body.echo else ""
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        run = Run(engine, body, prompt, body.max_tokens, "prompt", cid)
+        run = Run(engine, body, prompt, body.token_limit, "prompt", cid)
 
-        def chunk(text: str, finish: str | None, **extra: Any) -> dict[str, Any]:
+        def chunk(text: str, finish: str | None, lps: Any = None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_id,
-                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], **extra}
+                    "choices": [{"text": text, "index": 0, "logprobs": lps or None, "finish_reason": finish}],
+                    "system_fingerprint": FINGERPRINT, **extra}
 
         if body.stream:
-            return stream(run, body, chunk, [chunk(echo, None)] if echo else [], delta=str, last=str)
+            return stream(run, body, chunk, [chunk(echo, None)] if echo else [], delta=str, last=str,
+                          logprobs=completion_logprobs)
         result = await run.collect(request)
         if result is None:
             return {}  # the client is gone
         text, done = result
-        return chunk(echo + text, done.finish_reason, usage=_usage(done), timings=done.timings.as_dict())
+        lps = completion_logprobs(run.logprobs) if run.job.logprobs is not None else None
+        return chunk(echo + text, done.finish_reason, lps, usage=_usage(done), timings=done.timings.as_dict())
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> dict[str, Any] | EventSourceResponse:
@@ -213,19 +270,23 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         run = Run(engine, body, prompt, body.token_limit, "messages", cid)
 
-        def chunk(delta: dict[str, Any], finish: str | None, **extra: Any) -> dict[str, Any]:
+        def chunk(delta: dict[str, Any], finish: str | None, lps: Any = None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra}
+                    "choices": [{"index": 0, "delta": delta, "logprobs": lps or None, "finish_reason": finish}],
+                    "system_fingerprint": FINGERPRINT, **extra}
 
         if body.stream:
             return stream(run, body, chunk, [chunk({"role": "assistant", "content": ""}, None)],
-                          delta=lambda t: {"content": t}, last=lambda t: {"content": t} if t else {})
+                          delta=lambda t: {"content": t}, last=lambda t: {"content": t} if t else {},
+                          logprobs=chat_logprobs)
         result = await run.collect(request)
         if result is None:
             return {}
         content, done = result
+        lps = chat_logprobs(run.logprobs) if run.job.logprobs is not None else None
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_id,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
+                "system_fingerprint": FINGERPRINT,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": lps,
                              "finish_reason": done.finish_reason}],
                 "usage": _usage(done), "timings": done.timings.as_dict()}
 

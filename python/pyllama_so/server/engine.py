@@ -7,12 +7,22 @@ token, not by its whole prefill), otherwise up to n_batch, whose ubatches split 
 between its lanes. A slot keeps the tokens of its last request in its part of the KV cache; a request
 goes to the free slot holding the longest prefix of its prompt, and only the rest is evaluated.
 
-Everything here runs without HTTP: a Job says what to generate and gets its Events through a callback,
-called on the engine thread.
+Who may touch what (llama-server's split of a task queue from its results):
+- The engine thread owns the Context, the Slots and their Samplers and the step counters: only it
+  reads or writes them, and it calls into llama.cpp (decode, truncate, sampling) holding no lock.
+- Other threads (the HTTP side) go through the job queue: submit(), cancel(), drain() and stop()
+  change a deque of waiting jobs and a few flags under one lock, which guards nothing else and under
+  which no C call runs. Job.cancelled is the one field they write on a job the engine may hold.
+- Results go the other way through each Job's emit callback, called on the engine thread.
+- snapshot() returns the last EngineSnapshot the engine thread published: an immutable object that
+  replaces the previous one whole after each step, so a reader never sees a half-written slot.
+
+Everything here runs without HTTP.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import logging
@@ -21,16 +31,19 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from pyllama_so import _llama
+from pyllama_so.logprobs import LogprobRows, TokenLogprob
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
 
 log = logging.getLogger("pyllama_so.server")
+
+SHUTTING_DOWN = "the server is shutting down"
 
 
 class QueueFull(Exception):
@@ -42,7 +55,7 @@ class PromptError(ValueError):
 
 
 class EngineStopped(RuntimeError):
-    """The engine is not running (stopped, or its thread failed)."""
+    """The engine takes no jobs: it is shutting down, stopped, or its thread failed."""
 
 
 @dataclass(frozen=True)
@@ -80,9 +93,10 @@ class Timings:
 
 @dataclass(frozen=True)
 class Delta:
-    """Text that became final."""
+    """Text that became final, with the logprobs of the tokens it starts (when the job asked for them)."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,9 +104,12 @@ class Done:
     """The last event of a job that ran: the rest of its text and how it ended."""
 
     text: str
-    finish_reason: str  # "stop" (end-of-generation token or stop string) or "length"
+    # "stop": an end-of-generation token or a stop string; "length": max_tokens, the end of the slot's
+    # context, or the end of the shutdown's grace period
+    finish_reason: str
     usage: Usage
     timings: Timings
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +117,7 @@ class Failed:
     """The last event of a job that could not finish."""
 
     message: str
+    stopped: bool = False  # the engine stopped or is shutting down: the job itself was fine
 
 
 Event = Delta | Done | Failed
@@ -112,13 +130,19 @@ class Job:
 
     prompt: list[int]
     emit: Callable[[Event], None]
-    max_tokens: int | None = None  # None: up to the end of the slot's context
+    max_tokens: int | None = None  # None: up to the end of the slot's context; else at least 1
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
     stop: Sequence[str] = ()
+    grammar: str | None = None  # GBNF text for the slot's sampler (checked before the job is queued)
+    logprobs: int | None = None  # the top logprobs of each generated token, or None
     id: str = field(default_factory=lambda: f"job-{uuid.uuid4().hex[:12]}")
     submitted: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False
+    cancelled: bool = False  # set by cancel() (any thread), read by the engine thread at each step
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be None or >= 1, got {self.max_tokens}")
 
 
 class SlotState(enum.Enum):
@@ -127,18 +151,41 @@ class SlotState(enum.Enum):
     GENERATE = "generate"
 
 
-@dataclass(eq=False)
-class Slot:
-    """One sequence of the context. tokens is what its part of the KV cache holds."""
+@dataclass(frozen=True)
+class SlotView:
+    """A slot as /slots shows it, copied by the engine thread."""
 
     id: int
-    tokens: list[int] = field(default_factory=list)
+    state: str
+    job: str | None
+    n_cached: int
+    prompt_tokens: int | None
+    prompt_pending: int | None
+    generated: int | None
+    totals: tuple[tuple[str, int], ...]
+    last: Timings | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "state": self.state, "job": self.job, "n_cached": self.n_cached,
+                "prompt_tokens": self.prompt_tokens, "prompt_pending": self.prompt_pending,
+                "generated": self.generated, "totals": dict(self.totals),
+                "last": self.last.as_dict() if self.last else None}
+
+
+@dataclass(eq=False)
+class Slot:
+    """One sequence of the context, and the request it runs. Only the engine thread touches it."""
+
+    id: int
+    tokens: list[int] = field(default_factory=list)  # what its part of the KV cache holds
     state: SlotState = SlotState.IDLE
     job: Job | None = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to evaluate
     next_token: int = -1  # sampled and sent, decoded at the next step
     text: TextStream | None = None
-    sampler: _llama.Sampler | None = None  # the job's llama.cpp sampler chain, seeded per request
+    logprob_rows: LogprobRows | None = None  # with job.logprobs: each generated token's, until sent
+    sent: int = 0  # characters of text emitted
+    sampler: _llama.Sampler | None = None  # the request's llama.cpp sampler chain, seeded per request
     cached: int = 0  # prompt tokens reused
     t_admitted: float = 0.0
     t_prompt_start: float | None = None
@@ -151,26 +198,64 @@ class Slot:
     n_generated: int = 0
     last_timings: Timings | None = None
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> SlotView:
         job = self.job
-        return {
-            "id": self.id, "state": self.state.value, "job": job.id if job else None, "n_cached": len(self.tokens),
-            "prompt_tokens": len(job.prompt) if job else None,
-            "prompt_pending": len(self.pending) if job else None,
-            "generated": len(self.text.tokens) if job and self.text else None,
-            "totals": {"requests": self.n_requests, "prompt_evaluated": self.n_prompt_evaluated,
-                       "prompt_cached": self.n_prompt_cached, "generated": self.n_generated},
-            "last": self.last_timings.as_dict() if self.last_timings else None,
-        }
+        return SlotView(
+            id=self.id, state=self.state.value, job=job.id if job else None, n_cached=len(self.tokens),
+            prompt_tokens=len(job.prompt) if job else None, prompt_pending=len(self.pending) if job else None,
+            generated=len(self.text.tokens) if job and self.text else None,
+            totals=(("requests", self.n_requests), ("prompt_evaluated", self.n_prompt_evaluated),
+                    ("prompt_cached", self.n_prompt_cached), ("generated", self.n_generated)),
+            last=self.last_timings)
 
 
 @dataclass(frozen=True)
 class Step:
-    """What one llama_decode call held: (slot id, tokens, kind) per slot, kind "prefill" or "generate"."""
+    """One llama_decode call: (slot id, tokens, kind) per slot, kind "prefill" or "generate"; seconds in
+    the decode, host_seconds in the rest of the step (admitting, sampling, detokenizing, emitting)."""
 
     index: int
     items: tuple[tuple[int, int, str], ...]
     seconds: float
+    host_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What /slots shows: the slots and counters as the engine thread published them after a step, and
+    the queue as it was when snapshot() was called."""
+
+    slots: tuple[SlotView, ...]
+    n_ctx_slot: int
+    n_batch: int
+    n_ubatch: int
+    steps: int
+    steps_by_slots: tuple[tuple[int, int], ...]  # (slots decoded together, steps)
+    last_step: Step | None
+    step_host_ms_mean: float
+    split_overlap: dict[str, Any]  # a fresh dict from the context, never changed after
+    waiting: int = 0
+    queue_size: int = 0
+    running: bool = True
+    accepting: bool = True
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        step = self.last_step
+        return {
+            "slots": [s.as_dict() for s in self.slots],
+            "n_ctx_slot": self.n_ctx_slot, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
+            "queue": {"waiting": self.waiting, "size": self.queue_size},
+            "steps": self.steps,
+            "steps_by_slots": {str(k): v for k, v in self.steps_by_slots},
+            "last_step": None if step is None else {
+                "items": [{"slot": s, "tokens": n, "kind": k} for s, n, k in step.items],
+                "ms": round(1e3 * step.seconds, 3), "host_ms": round(1e3 * step.host_seconds, 3)},
+            "step_host_ms": {"last": None if step is None else round(1e3 * step.host_seconds, 3),
+                             "mean": round(self.step_host_ms_mean, 3)},
+            "split_overlap": copy.deepcopy(self.split_overlap),
+            "running": self.running, "accepting": self.accepting, "error": self.error,
+        }
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -185,27 +270,41 @@ class Engine:
 
     submit() a Job; it waits in a queue of at most queue_size jobs beyond the free slots (QueueFull
     after that) until a slot takes it. cancel() drops it wherever it is; a slot it held keeps what it
-    evaluated. on_step, if given, is called on the engine thread after each step.
+    evaluated. drain() starts a shutdown: no new jobs, and those accepted end within a grace period.
+    on_step, if given, is called on the engine thread after each step. The module docstring says which
+    thread may touch what.
     """
 
     def __init__(self, ctx: _llama.Context, *, queue_size: int = 64,
-                 on_step: Callable[[Step], None] | None = None) -> None:
+                 on_step: Callable[[Step], None] | None = None, backend_sampling: bool = False) -> None:
+        # fixed at construction: read from any thread
         self.ctx = ctx
+        self.backend_sampling = backend_sampling  # slots' chains in the decode graph (Context.set_backend_sampler)
         self.model = ctx.model
         self.n_batch = ctx.n_batch
         self.n_ubatch = ctx.n_ubatch
         self.n_ctx_slot = ctx.n_ctx_seq
-        self.slots = [Slot(i) for i in range(ctx.n_seq_max)]
+        self.n_slots = ctx.n_seq_max
         self.queue_size = queue_size
         self.on_step = on_step
-        self.error: BaseException | None = None
-        self.steps = 0
-        self.steps_by_slots: dict[int, int] = {}  # how many steps decoded 1, 2, ... slots together
-        self.last_step: Step | None = None
-        self.split_overlap = ctx.split_overlap_stats()
+        # the engine thread's
+        self._slots = [Slot(i) for i in range(self.n_slots)]
+        self._steps = 0
+        self._steps_by_slots: dict[int, int] = {}  # how many steps decoded 1, 2, ... slots together
+        self._host_seconds = 0.0  # of all steps
+        self._last_step: Step | None = None
+        self._split_overlap = ctx.split_overlap_stats()
+        # the job queue: these fields only under _lock
+        self._lock = threading.Condition()
         self._waiting: deque[Job] = deque()
-        self._cond = threading.Condition()
+        self._n_jobs = 0  # accepted and not ended: waiting, or in a slot
+        self._accepting = True
+        self._deadline: float | None = None  # set by drain(): jobs still running then are ended
         self._stopping = False
+        # published by the engine thread, read anywhere
+        self.error: BaseException | None = None
+        self._snapshot: EngineSnapshot
+        self._publish()
         self._thread = threading.Thread(target=self._run, name="pyllama_so-engine", daemon=True)
 
     # -- the HTTP side's calls (any thread) --
@@ -215,15 +314,31 @@ class Engine:
 
     def stop(self) -> None:
         """Finish the step in progress, fail every job left, and end the thread."""
-        with self._cond:
+        with self._lock:
             self._stopping = True
-            self._cond.notify_all()
+            self._lock.notify_all()
         if self._thread.is_alive():
             self._thread.join()
+
+    def drain(self, grace: float) -> None:
+        """Begin a shutdown: submit() refuses new jobs from now on; the accepted ones run for at most grace
+        more seconds, after which each one still generating ends as at its max_tokens (Done, "length")
+        and each still waiting fails. A later call may shorten the grace (0: end them at the next step)."""
+        deadline = time.perf_counter() + grace
+        with self._lock:
+            if self._accepting:
+                log.info("shutting down: %d requests in progress or waiting get up to %g s", self._n_jobs, grace)
+            self._accepting = False
+            self._deadline = deadline if self._deadline is None else min(self._deadline, deadline)
+            self._lock.notify_all()
 
     @property
     def running(self) -> bool:
         return self._thread.is_alive() and not self._stopping
+
+    @property
+    def accepting(self) -> bool:
+        return self.running and self._accepting
 
     def submit(self, job: Job) -> None:
         if not job.prompt:
@@ -231,38 +346,33 @@ class Engine:
         if len(job.prompt) > self.n_ctx_slot:
             raise PromptError(f"the prompt has {len(job.prompt)} tokens but a slot's context holds "
                               f"{self.n_ctx_slot}")
-        with self._cond:
+        with self._lock:
+            if not self._accepting:
+                raise EngineStopped(SHUTTING_DOWN)
             if not self.running:
                 raise EngineStopped("the engine is not running" + (f": {self.error}" if self.error else ""))
-            free = sum(s.job is None for s in self.slots)
-            if len(self._waiting) >= free + self.queue_size:
-                raise QueueFull(f"all {len(self.slots)} slots are busy and {self.queue_size} requests wait")
+            if self._n_jobs >= self.n_slots + self.queue_size:
+                raise QueueFull(f"all {self.n_slots} slots are busy and {self.queue_size} requests wait")
             self._waiting.append(job)
-            self._cond.notify()
+            self._n_jobs += 1
+            self._lock.notify()
 
     def cancel(self, job: Job) -> None:
-        with self._cond:
-            job.cancelled = True
+        """Drop the job: at once if it still waits, else at the engine's next step."""
+        job.cancelled = True
+        with self._lock:
             if job in self._waiting:
                 self._waiting.remove(job)
-            self._cond.notify()
+                self._n_jobs -= 1
 
-    def snapshot(self) -> dict[str, Any]:
-        """The slots, the queue and the counters, for /slots."""
-        with self._cond:
-            step = self.last_step
-            return {
-                "slots": [s.view() for s in self.slots],
-                "n_ctx_slot": self.n_ctx_slot, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
-                "queue": {"waiting": len(self._waiting), "size": self.queue_size},
-                "steps": self.steps,
-                "steps_by_slots": {str(k): v for k, v in sorted(self.steps_by_slots.items())},
-                "last_step": None if step is None else {
-                    "items": [{"slot": s, "tokens": n, "kind": k} for s, n, k in step.items],
-                    "ms": round(1e3 * step.seconds, 3)},
-                "split_overlap": self.split_overlap,
-                "running": self.running, "error": None if self.error is None else str(self.error),
-            }
+    def snapshot(self) -> EngineSnapshot:
+        """The slots and counters of the last step, and the queue now."""
+        snap = self._snapshot  # the engine thread replaces it whole: one read is consistent
+        with self._lock:
+            waiting, accepting = len(self._waiting), self._accepting
+        return replace(snap, waiting=waiting, queue_size=self.queue_size, running=self.running,
+                       accepting=accepting and self.running,
+                       error=None if self.error is None else str(self.error))
 
     # -- the engine thread --
 
@@ -273,28 +383,43 @@ class Engine:
         except BaseException as e:  # a bug here must not leave requests hanging
             log.exception("the engine failed")
             self.error = e
-        with self._cond:
+        with self._lock:
             self._stopping = True
-            jobs = [s.job for s in self.slots if s.job is not None] + list(self._waiting)
+            waiting = list(self._waiting)
             self._waiting.clear()
-            for s in self.slots:
-                s.job, s.state = None, SlotState.IDLE
-        for job in jobs:
-            self._emit(job, Failed("the server is shutting down" if self.error is None else
-                                   f"the engine failed: {self.error}"))
+        failed = Failed(SHUTTING_DOWN if self.error is None else f"the engine failed: {self.error}", stopped=True)
+        for s in self._slots:
+            job = s.job
+            if job is not None:
+                self._release(s)
+                self._end(job, failed)
+        for job in waiting:
+            self._end(job, failed)
+        self._publish()
 
     def _step(self) -> bool:
-        """Admit waiting jobs, decode one batch, sample. False when the engine stops."""
-        with self._cond:
-            self._release_cancelled()
-            self._admit()
-            while not self._stopping and all(s.job is None for s in self.slots):
-                self._cond.wait()
-                self._release_cancelled()
-                self._admit()
+        """Take waiting jobs, decode one batch, sample. False when the engine stops."""
+        with self._lock:
+            while not (self._stopping or self._waiting or any(s.job is not None for s in self._slots)):
+                self._lock.wait()
             if self._stopping:
                 return False
-            busy = [s for s in self.slots if s.job is not None]
+            free = sum(s.job is None for s in self._slots)
+            taken = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+            deadline = self._deadline
+        # from here on without the lock: the slots are this thread's
+        t_start = time.perf_counter()
+        self._release_cancelled()
+        if deadline is not None and t_start >= deadline:
+            self._end_grace(t_start, taken)
+            self._publish()
+            return True
+        for job in taken:
+            self._admit(job)
+        busy = [s for s in self._slots if s.job is not None]
+        if not busy:
+            self._publish()
+            return True
         generating = [s for s in busy if s.state is SlotState.GENERATE]
         prefilling = sorted((s for s in busy if s.state is SlotState.PREFILL), key=lambda s: s.t_admitted)
         budget = min(self.n_ubatch, self.n_batch - len(generating)) if generating else self.n_batch
@@ -308,17 +433,19 @@ class Engine:
         # llama.cpp cuts a batch of several sequences (each with its own KV stream) into ubatches of
         # consecutive seq_ids: in seq_id order the generated tokens share one ubatch
         items.sort(key=lambda item: item[0].id)
+        kinds = tuple((s.id, len(toks), s.state.value) for s, toks, _ in items)
         t0 = time.perf_counter()
         try:
-            sampled = self.ctx.decode_batch_sample([(s.id, toks, s.sampler if want else None, None)
+            # every output row is sampled in C by its slot's chain, right after its llama_decode call
+            sampled = self.ctx.decode_batch_sample([(s.id, toks, s.sampler if want else None, s.job.logprobs)
                                                     for s, toks, want in items])
         except (_llama.LlamaError, ValueError) as e:
             for s, _, _ in items:
                 self._fail(s, f"decode failed: {e}")
+            self._publish()
             return True
         t1 = time.perf_counter()
-        self.split_overlap = self.ctx.split_overlap_stats()
-        step = Step(self.steps, tuple((s.id, len(toks), s.state.value) for s, toks, _ in items), t1 - t0)
+        self._split_overlap = self.ctx.split_overlap_stats()
         for (s, toks, want), out in zip(items, sampled):
             s.tokens.extend(toks)
             if s.state is SlotState.PREFILL:
@@ -327,29 +454,36 @@ class Engine:
                 if s.t_prompt_start is None:
                     s.t_prompt_start = t0
             if want:
-                self._advance(s, out[0], t1)
-        with self._cond:
-            self.steps += 1
-            self.steps_by_slots[len(items)] = self.steps_by_slots.get(len(items), 0) + 1
-            self.last_step = step
+                self._advance(s, out, t1)
+        host = (time.perf_counter() - t_start) - (t1 - t0)
+        step = Step(self._steps, kinds, t1 - t0, host)
+        self._steps += 1
+        self._steps_by_slots[len(items)] = self._steps_by_slots.get(len(items), 0) + 1
+        self._host_seconds += host
+        self._last_step = step
+        self._publish()
         if self.on_step is not None:
             self.on_step(step)
         return True
 
-    def _admit(self) -> None:
-        """Move waiting jobs into free slots (lock held): each to the free slot holding the longest prefix
-        of its prompt, the least recently used among equals."""
-        while self._waiting:
-            free = [s for s in self.slots if s.job is None]
-            if not free:
-                return
-            job = self._waiting.popleft()
-            prefix, _, slot = max(((common_prefix(s.tokens, job.prompt), -s.last_used, s) for s in free),
-                                  key=lambda c: c[:2])
-            self._start(slot, job, prefix)
+    def _publish(self) -> None:
+        """Replace the snapshot that snapshot() returns (one reference: readers see the old or the new)."""
+        self._snapshot = EngineSnapshot(
+            slots=tuple(s.view() for s in self._slots), n_ctx_slot=self.n_ctx_slot, n_batch=self.n_batch,
+            n_ubatch=self.n_ubatch, steps=self._steps, steps_by_slots=tuple(sorted(self._steps_by_slots.items())),
+            last_step=self._last_step,
+            step_host_ms_mean=1e3 * self._host_seconds / self._steps if self._steps else 0.0,
+            split_overlap=self._split_overlap)
 
-    def _start(self, slot: Slot, job: Job, prefix: int) -> None:
-        """Give the slot the job; prefix: the tokens its cache shares with the prompt."""
+    def _admit(self, job: Job) -> None:
+        """Give a job taken from the queue the free slot holding the longest prefix of its prompt, the least
+        recently used among equals."""
+        if job.cancelled:
+            self._end(job, None)
+            return
+        free = [s for s in self._slots if s.job is None]
+        prefix, _, slot = max(((common_prefix(s.tokens, job.prompt), -s.last_used, s) for s in free),
+                              key=lambda c: c[:2])
         keep = min(prefix, len(job.prompt) - 1)  # one token gives the logits
         if keep < len(slot.tokens):
             try:
@@ -362,32 +496,36 @@ class Engine:
         slot.pending = list(job.prompt[keep:])
         slot.cached = keep
         slot.text = TextStream(self.model.detokenize_bytes, job.stop)
-        if slot.sampler is not None:
-            slot.sampler.free()
+        slot.sent = 0
+        slot.logprob_rows = None if job.logprobs is None else LogprobRows(
+            lambda tok: self.model.detokenize_bytes([tok]).decode("utf-8", "ignore"))
         params = job.sampling if job.seed is None else dataclasses.replace(job.sampling, seed=job.seed)
-        slot.sampler = _llama.Sampler(self.model, params, n_ctx=self.n_ctx_slot)
+        slot.sampler = _llama.Sampler(self.model, params, n_ctx=self.n_ctx_slot, grammar=job.grammar)
         slot.sampler.accept(job.prompt)  # penalties and DRY count the prompt, as Llama does
+        if self.backend_sampling and job.logprobs is None:
+            self.ctx.set_backend_sampler(slot.id, slot.sampler)  # llama.cpp may keep it on the CPU
         slot.t_admitted, slot.t_prompt_start = time.perf_counter(), None
         slot.n_requests += 1
         slot.n_prompt_cached += keep
 
-    def _advance(self, s: Slot, tok: int, now: float) -> None:
-        """The token sampled after a step: the prompt ended, or the last generated token was decoded."""
+    def _advance(self, s: Slot, out: tuple[int, float | None, list[tuple[int, float]] | None], now: float) -> None:
+        """The slot's output row after a step: the prompt ended, or the last generated token was decoded."""
         job = s.job
         assert job is not None and s.text is not None
         if s.state is SlotState.PREFILL:
             s.state, s.t_prompt_end = SlotState.GENERATE, now
-            if job.max_tokens == 0:
-                self._finish(s, "length", now)
-                return
         # the order of Llama.generate and create_completion: end-of-generation, text, stop strings, limits
+        tok, logprob, top = out
+        if s.logprob_rows is not None and not self.model.is_eog(tok):
+            s.logprob_rows.add(tok, (logprob, top))
         if self.model.is_eog(tok):
             self._finish(s, "stop", now)
             return
         s.n_generated += 1
         ready = s.text.push(tok)
         if ready:
-            self._emit(job, Delta(ready))
+            s.sent += len(ready)
+            self._emit(job, Delta(ready, tuple(s.logprob_rows.take(s.sent)) if s.logprob_rows else ()))
         if s.text.stopped:
             self._finish(s, "stop", now)
         elif (job.max_tokens is not None and len(s.text.tokens) >= job.max_tokens) or len(s.tokens) >= self.n_ctx_slot:
@@ -398,19 +536,23 @@ class Engine:
     def _finish(self, s: Slot, reason: str, now: float) -> None:
         job = s.job
         assert job is not None and s.text is not None
+        if s.state is SlotState.PREFILL:  # the shutdown's grace ended before the prompt did
+            s.t_prompt_end = now
         prompt_start = s.t_prompt_start if s.t_prompt_start is not None else s.t_prompt_end
-        timings = Timings(cache_n=s.cached, prompt_n=len(job.prompt) - s.cached,
-                          prompt_ms=1e3 * (s.t_prompt_end - prompt_start), predicted_n=len(s.text.tokens),
-                          predicted_ms=1e3 * (now - s.t_prompt_end), queue_ms=1e3 * (s.t_admitted - job.submitted))
+        evaluated = len(job.prompt) - s.cached - len(s.pending)
+        timings = Timings(cache_n=s.cached, prompt_n=evaluated, prompt_ms=1e3 * (s.t_prompt_end - prompt_start),
+                          predicted_n=len(s.text.tokens), predicted_ms=1e3 * (now - s.t_prompt_end),
+                          queue_ms=1e3 * (s.t_admitted - job.submitted))
         usage = Usage(prompt_tokens=len(job.prompt), cached_tokens=s.cached, completion_tokens=len(s.text.tokens))
         tail = s.text.finish()
+        rows = tuple(s.logprob_rows.take(s.sent + len(tail), final=True)) if s.logprob_rows else ()
         self._release(s)
         s.last_timings = timings
         log.info("%s slot %d: prompt %d tokens (%d cached, %d evaluated, %.1f ms, %.1f t/s), generated %d "
                  "(%.1f ms, %.1f t/s), queued %.1f ms, finish %s", job.id, s.id, usage.prompt_tokens,
                  timings.cache_n, timings.prompt_n, timings.prompt_ms, timings.prompt_per_second,
                  timings.predicted_n, timings.predicted_ms, timings.predicted_per_second, timings.queue_ms, reason)
-        self._emit(job, Done(tail, reason, usage, timings))
+        self._end(job, Done(tail, reason, usage, timings, rows))
 
     def _fail(self, s: Slot, message: str) -> None:
         """The job fails and the slot forgets its cache (a failed decode leaves it unknown)."""
@@ -420,21 +562,43 @@ class Engine:
         self._release(s)
         if job is not None:
             log.error("%s slot %d: %s", job.id, s.id, message)
-            self._emit(job, Failed(message))
+            self._end(job, Failed(message))
+
+    def _end_grace(self, now: float, taken: list[Job]) -> None:
+        """The shutdown's grace period is over: running jobs end with what they have, waiting ones (taken:
+        those just taken from the queue) fail."""
+        with self._lock:
+            waiting = taken + list(self._waiting)
+            self._waiting.clear()
+        running = [s for s in self._slots if s.job is not None]
+        if running or waiting:
+            log.info("the grace period is over: ending %d requests, failing %d waiting", len(running), len(waiting))
+        for s in running:
+            self._finish(s, "length", now)
+        for job in waiting:
+            self._end(job, Failed(SHUTTING_DOWN, stopped=True))
 
     def _release(self, s: Slot) -> None:
-        with self._cond:
-            s.job, s.state, s.pending, s.last_used = None, SlotState.IDLE, [], time.perf_counter()
-            self._cond.notify_all()
+        if s.sampler is not None:
+            s.sampler.free()  # out of the graph too
+        s.job, s.state, s.pending, s.sampler, s.last_used = None, SlotState.IDLE, [], None, time.perf_counter()
 
     def _release_cancelled(self) -> None:
-        """Free the slots of cancelled jobs (lock held); what they evaluated stays cached."""
-        for s in self.slots:
+        """Free the slots of cancelled jobs; what they evaluated stays cached."""
+        for s in self._slots:
             job = s.job
             if job is not None and job.cancelled:
                 log.info("%s slot %d: cancelled after %d prompt tokens and %d generated", job.id, s.id,
                          len(job.prompt) - len(s.pending), len(s.text.tokens) if s.text else 0)
-                self._release(s)  # the condition's lock is re-entrant
+                self._release(s)
+                self._end(job, None)
+
+    def _end(self, job: Job, event: Done | Failed | None) -> None:
+        """The job leaves the engine, with its last event (None: cancelled, nobody listens)."""
+        if event is not None:
+            self._emit(job, event)
+        with self._lock:
+            self._n_jobs -= 1
 
     def _emit(self, job: Job, event: Event) -> None:
         try:

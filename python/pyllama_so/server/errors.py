@@ -34,20 +34,33 @@ def error_response(status: int, message: str, param: str | None = None, code: st
     return JSONResponse(error_body(status, message, param, code), status_code=status)
 
 
+def _field(error: dict[str, Any]) -> list[str]:
+    """The request field of a pydantic error: its location without "body" and without the labels of a
+    union's types (list[int], function-after[...])."""
+    return [str(p) for p in error.get("loc", ()) if p != "body" and "[" not in str(p)]
+
+
 def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """One message for pydantic's errors, and the request field (param) of the first."""
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")
         return f"the request body is not valid JSON{': ' + detail if detail else ''}", None
+    # a field of several types fails once per type: where one of them is our own check (a value error),
+    # that is the field's reason
+    checked = {tuple(_field(e)[:1]) for e in errors if e.get("type") == "value_error"}
     parts, param = [], None
-    for e in errors[:4]:
-        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+    for e in errors:
+        loc = _field(e)
+        if tuple(loc[:1]) in checked and e.get("type") != "value_error":
+            continue
         field = ".".join(loc)
         param = param or (loc[0] if loc else None)
-        parts.append(f"{field}: {e.get('msg')}" if field else f"request body: {e.get('msg')}")
-    if len(errors) > 4:
-        parts.append(f"and {len(errors) - 4} more")
+        part = f"{field}: {e.get('msg')}" if field else f"request body: {e.get('msg')}"
+        if part not in parts:
+            parts.append(part)
+    if len(parts) > 4:
+        parts[4:] = [f"and {len(parts) - 4} more"]
     return "; ".join(parts), param
 
 

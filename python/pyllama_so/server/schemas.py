@@ -1,14 +1,27 @@
 """Request bodies of the OpenAI endpoints. Known fields are checked strictly (a string where a number
 belongs is a 400, not a conversion); fields this server does not use are ignored, as OpenAI clients send
-some by default."""
+some by default. Strings must be valid Unicode: JSON may spell a lone surrogate ("\\ud800"), which no
+text encoding takes."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from pyllama_so.llama import max_tokens_limit
 from pyllama_so.sampling import SamplingParams
+
+
+def _unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode: a lone surrogate {text[e.start]!r} at position {e.start}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
 
 
 class _Body(BaseModel):
@@ -22,19 +35,58 @@ class StreamOptions(_Body):
 class GenerationRequest(_Body):
     """The fields both endpoints share. The sampling defaults are Llama's (and llama-server's)."""
 
-    model: str | None = None  # any name: the server has one model
-    temperature: float = Field(0.8, ge=0)
-    top_p: float = Field(0.95, gt=0, le=1)
-    top_k: int = Field(40, ge=0)
-    min_p: float = Field(0.05, ge=0, lt=1)
+    model: Text | None = None  # any name: the server has one model
+    # sampling: llama-cpp-python's names and defaults (llama-server's where it names one differently);
+    # the ranges are SamplingParams' (one rule, one message), checked when the job is made
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int | None = None
+    repeat_last_n: int | None = None  # llama-server's name of penalty_last_n
+    mirostat_mode: int | None = None
+    mirostat: int | None = None  # llama-server's name of mirostat_mode
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: list[Text] | None = None
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    top_n_sigma: float = -1.0
+    min_keep: int = 0
+    logit_bias: dict[Text, float] | None = None  # OpenAI's: token id (as a string) -> bias
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one choice per request
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+        """The sampling parameters; ValueError naming the one out of range."""
+        last_n = self.penalty_last_n if self.penalty_last_n is not None else self.repeat_last_n
+        mirostat = self.mirostat_mode if self.mirostat_mode is not None else self.mirostat
+        extra = {} if self.dry_sequence_breakers is None else {"dry_sequence_breakers": tuple(self.dry_sequence_breakers)}
+        return SamplingParams(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+            typical_p=self.typical_p, repeat_penalty=self.repeat_penalty, frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty, penalty_last_n=64 if last_n is None else last_n,
+            mirostat_mode=0 if mirostat is None else mirostat, mirostat_tau=self.mirostat_tau,
+            mirostat_eta=self.mirostat_eta, dry_multiplier=self.dry_multiplier, dry_base=self.dry_base,
+            dry_allowed_length=self.dry_allowed_length, dry_penalty_last_n=self.dry_penalty_last_n,
+            xtc_probability=self.xtc_probability, xtc_threshold=self.xtc_threshold, top_n_sigma=self.top_n_sigma,
+            min_keep=self.min_keep, logit_bias=self.logit_bias, seed=self.seed, **extra)
+
+    @property
+    def n_logprobs(self) -> int | None:
+        """How many top logprobs each generated token reports, or None (the endpoint's own fields)."""
+        return None
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -45,9 +97,14 @@ class GenerationRequest(_Body):
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: str | list[int] | list[str]  # text, token ids, or a list of one text
-    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default; None: up to the end of the slot's context
+    prompt: Text | list[int] | list[Text]  # text, token ids, or a list of one text
+    max_tokens: int | None = 16  # OpenAI's default; see token_limit
     echo: bool = False
+    logprobs: int | None = None  # the legacy completions' top-N count (0..MAX_LOGPROBS)
+
+    @property
+    def n_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -56,15 +113,20 @@ class CompletionRequest(GenerationRequest):
             raise ValueError(f"one prompt per request, got {len(v)}")
         return v
 
+    @property
+    def token_limit(self) -> int | None:
+        """Llama's (llama-cpp-python's) rule: None, 0 or less: up to the end of the slot's context."""
+        return max_tokens_limit(self.max_tokens)
+
 
 class ContentPart(_Body):
-    type: str
-    text: str | None = None
+    type: Text
+    text: Text | None = None
 
 
 class Message(_Body):
-    role: str
-    content: str | list[ContentPart] | None = None
+    role: Text
+    content: Text | list[ContentPart] | None = None
 
     @field_validator("content")
     @classmethod
@@ -81,9 +143,22 @@ class Message(_Body):
 
 class ChatRequest(GenerationRequest):
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=0)  # None: up to the end of the slot's context
-    max_completion_tokens: int | None = Field(None, ge=0)  # the newer name of max_tokens
+    max_tokens: int | None = None  # see token_limit
+    max_completion_tokens: int | None = None  # the newer name of max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = None  # 0..MAX_LOGPROBS, with logprobs
+
+    @property
+    def n_logprobs(self) -> int | None:
+        if not self.logprobs:
+            if self.top_logprobs is not None:
+                raise ValueError("top_logprobs needs logprobs: true")
+            return None
+        return 0 if self.top_logprobs is None else self.top_logprobs
 
     @property
     def token_limit(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        """max_completion_tokens, else max_tokens, by Llama's rule: None, 0 or less: up to the end of the
+        slot's context."""
+        return max_tokens_limit(self.max_completion_tokens if self.max_completion_tokens is not None
+                                else self.max_tokens)
