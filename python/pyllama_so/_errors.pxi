@@ -29,8 +29,13 @@ cdef extern from *:
     // The last error line llama.cpp logged on this thread: decodes run without the GIL, so two
     // threads must not read each other's message.
     static thread_local char pyllama_so_last_error[1024];
+    // Every error line logged on this thread since the last take, as many as fit: for failures that
+    // llama.cpp reports in several lines, the reason first (the grammar parser's, then "failed to parse
+    // grammar").
+    static thread_local char pyllama_so_errors[2048];
     """
     char _last_error "pyllama_so_last_error"[1024]
+    char _errors "pyllama_so_errors"[2048]
 
 cdef int _log_threshold = GGML_LOG_LEVEL_WARN
 cdef bint _log_last_shown = False
@@ -45,6 +50,7 @@ cdef void _log_callback(ggml_log_level level, const char * text, void * user_dat
         if level == GGML_LOG_LEVEL_ERROR:
             strncpy(_last_error, text, sizeof(_last_error) - 1)
             _last_error[sizeof(_last_error) - 1] = 0
+            strncat(_errors, text, sizeof(_errors) - 1 - strlen(_errors))
     if show:
         fputs(text, stderr)
         fflush(stderr)
@@ -83,10 +89,19 @@ def set_verbose(bint verbose):
 
 
 cdef str _take_last_error():
-    """The calling thread's last logged error (empty if none), cleared."""
+    """The calling thread's last logged error (empty if none), cleared (with the lines _take_errors tells)."""
     msg = (<bytes> _last_error).decode("utf-8", "replace").strip()
     _last_error[0] = 0
+    _errors[0] = 0
     return msg
+
+
+cdef list _take_errors():
+    """The error lines logged on the calling thread since the last take, in order; cleared."""
+    lines = [line.strip() for line in (<bytes> _errors).decode("utf-8", "replace").splitlines()]
+    _last_error[0] = 0
+    _errors[0] = 0
+    return [line for line in lines if line]
 
 
 cdef _check_decode(int rc, str what, str call="llama_decode"):
