@@ -22,6 +22,8 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from pyllama_so import _llama
+from pyllama_so.grammar import GrammarError
 from pyllama_so.server import errors
 from pyllama_so.server.chat import ChatTemplate
 from pyllama_so.server.engine import Delta, Done, Engine, EngineStopped, Event, Failed, Job, PromptError, QueueFull
@@ -52,7 +54,7 @@ class Run:
     """A job submitted from the event loop; its events arrive through an asyncio queue."""
 
     def __init__(self, engine: Engine, body: GenerationRequest, prompt: list[int], max_tokens: int | None,
-                 prompt_param: str, job_id: str) -> None:
+                 prompt_param: str, job_id: str, grammar: str | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.engine = engine
         self.events: asyncio.Queue[Event] = asyncio.Queue()
@@ -61,7 +63,7 @@ class Run:
             loop.call_soon_threadsafe(self.events.put_nowait, event)
 
         self.job = Job(prompt, emit, max_tokens=max_tokens, sampling=body.sampling(), seed=body.seed,
-                       stop=body.stops(), id=job_id)
+                       stop=body.stops(), grammar=grammar, id=job_id)
         self.ended = False
         try:
             engine.submit(self.job)
@@ -109,6 +111,20 @@ class Run:
         finally:
             getter.cancel()
             self.cancel()
+
+
+def request_grammar(model: _llama.Model, body: GenerationRequest) -> str | None:
+    """The request's grammar (grammar, json_schema or response_format), converted and parsed for model's
+    vocabulary: a bad one is a 400 with llama.cpp's message before any job is queued."""
+    try:
+        text = body.grammar_text()
+        if text is not None:
+            _llama.check_grammar(model, text)
+    except GrammarError as e:
+        raise ApiError(400, str(e), param=e.param) from None
+    except ValueError as e:
+        raise ApiError(400, str(e), param=body.grammar_param) from None
+    return text
 
 
 def _usage(done: Done) -> dict[str, Any]:
@@ -187,8 +203,9 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             if bad:
                 raise ApiError(400, f"token id {bad[0]} out of range [0, {n_vocab})", param="prompt")
         echo = model.detokenize_bytes(prompt).decode("utf-8", "replace") if body.echo else ""
+        grammar = await run_in_threadpool(request_grammar, model, body)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        run = Run(engine, body, prompt, body.max_tokens, "prompt", cid)
+        run = Run(engine, body, prompt, body.max_tokens, "prompt", cid, grammar)
 
         def chunk(text: str, finish: str | None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_id,
@@ -210,8 +227,9 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         except ValueError as e:
             raise ApiError(400, str(e), param="messages") from None
         prompt = await run_in_threadpool(lambda: model.tokenize(text, parse_special=True).tolist())
+        grammar = await run_in_threadpool(request_grammar, model, body)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        run = Run(engine, body, prompt, body.token_limit, "messages", cid)
+        run = Run(engine, body, prompt, body.token_limit, "messages", cid, grammar)
 
         def chunk(delta: dict[str, Any], finish: str | None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id,

@@ -116,6 +116,7 @@ class Job:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
     stop: Sequence[str] = ()
+    grammar: str | None = None  # GBNF text the output must follow
     id: str = field(default_factory=lambda: f"job-{uuid.uuid4().hex[:12]}")
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
@@ -350,6 +351,12 @@ class Engine:
 
     def _start(self, slot: Slot, job: Job, prefix: int) -> None:
         """Give the slot the job; prefix: the tokens its cache shares with the prompt."""
+        params = job.sampling if job.seed is None else dataclasses.replace(job.sampling, seed=job.seed)
+        try:
+            sampler = _llama.Sampler(self.model, params, n_ctx=self.n_ctx_slot, grammar=job.grammar)
+        except ValueError as e:  # the HTTP side checks first; a job submitted without that check fails alone
+            self._emit(job, Failed(str(e)))
+            return
         keep = min(prefix, len(job.prompt) - 1)  # one token gives the logits
         if keep < len(slot.tokens):
             try:
@@ -364,8 +371,7 @@ class Engine:
         slot.text = TextStream(self.model.detokenize_bytes, job.stop)
         if slot.sampler is not None:
             slot.sampler.free()
-        params = job.sampling if job.seed is None else dataclasses.replace(job.sampling, seed=job.seed)
-        slot.sampler = _llama.Sampler(self.model, params, n_ctx=self.n_ctx_slot)
+        slot.sampler = sampler
         slot.sampler.accept(job.prompt)  # penalties and DRY count the prompt, as Llama does
         slot.t_admitted, slot.t_prompt_start = time.perf_counter(), None
         slot.n_requests += 1

@@ -4,10 +4,11 @@ some by default."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pyllama_so.grammar import resolve_grammar
 from pyllama_so.sampling import SamplingParams
 
 
@@ -32,9 +33,23 @@ class GenerationRequest(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one choice per request
+    # structured output, at most one: GBNF text or a JSON schema (llama-server's fields), OpenAI's response_format
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+
+    def grammar_text(self) -> str | None:
+        """GBNF for grammar / json_schema / response_format (pyllama_so.grammar; a GrammarError names the field).
+        An empty grammar is none, as in llama-server."""
+        return resolve_grammar(self.grammar or None, self.response_format, self.json_schema)[0]
+
+    @property
+    def grammar_param(self) -> str:
+        """The field the grammar came from, for a 400 on a grammar llama.cpp's parser rejects."""
+        return "grammar" if self.grammar else "json_schema" if self.json_schema is not None else "response_format"
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
