@@ -89,6 +89,14 @@ cdef str _take_last_error():
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
+cdef list _take_errors():
+    """The error lines the calling thread logged since the last take, in order (for failures llama.cpp
+    reports in several lines: the cause first); cleared."""
+    text = (<bytes> _last_error).decode("utf-8", "replace")
+    _last_error[0] = 0
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 cdef _check_decode(int rc, str what, str call="llama_decode"):
     """The one place where llama_decode's (and llama_encode's) return codes become exceptions."""
     detail = _take_last_error()  # on success too: a later call's detail must be its own

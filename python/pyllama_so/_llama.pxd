@@ -4,6 +4,7 @@
 # cimport them. A signature that drifts upstream fails the Cython/C++ compile, not an import at run time.
 
 from libcpp cimport bool as cbool
+from libcpp.string cimport string
 from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 
 
@@ -352,6 +353,10 @@ cdef extern from "pyllama-so-split-overlap.h" nogil:
         uint64_t records[2]
     bint llama_split_overlap_get_stats(const llama_context * ctx, llama_split_overlap_stats * stats)
     const char * llama_split_overlap_reason_str(int32_t reason)
+
+
+cdef extern from "pyllama-so-json-schema.h" nogil:
+    cbool pyllama_so_json_schema_to_grammar(const string & schema_json, string & out) noexcept
 
 
 # ---------------------------------------------------------------------------------------------

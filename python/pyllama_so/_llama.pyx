@@ -6,7 +6,7 @@ codes of the C API are turned into Python exceptions in one place: _check_decode
 _check_quantize() (_errors.pxi).
 
 One .pxi per concept, included below in dependency order: errors and logging, devices, parameter rules,
-quantization, chat templates, RPC, model, context and batch, sampler, AllReduce. Bounds and wraparound checks are
+quantization, chat templates, RPC, model, context and batch, grammar, sampler, AllReduce. Bounds and wraparound checks are
 on, except on the per-token loops that turn them off themselves (with a comment saying why).
 """
 
@@ -30,7 +30,7 @@ __all__ = [
     "max_devices", "supports_gpu_offload", "SPLIT_MODES", "FLASH_ATTN", "CACHE_TYPES",
     "QuantizeError", "FTYPES", "quantize_model", "chat_apply_template", "chat_builtin_templates",
     "RPCConnectionError", "rpc_supported", "rpc_endpoints", "rpc_devices", "probe_rpc_server",
-    "Sampler", "MAX_LOGPROBS", "check_logprobs",
+    "Sampler", "MAX_LOGPROBS", "check_logprobs", "check_grammar", "json_schema_to_grammar",
 ]
 
 
@@ -46,5 +46,6 @@ include "_chat.pxi"
 include "_rpc.pxi"
 include "_model.pxi"
 include "_context.pxi"
+include "_grammar.pxi"
 include "_sampler.pxi"
 include "_allreduce.pxi"

@@ -69,17 +69,7 @@ cdef class Sampler:
         self._add_members(params, bias, n_ctx)
 
     cdef _init_grammar(self, grammar, str root):
-        if not isinstance(grammar, str):
-            raise ValueError(f"grammar must be GBNF text, not {type(grammar).__name__}")
-        cdef bytes btext = grammar.encode()
-        cdef bytes broot = root.encode()
-        if b"\0" in btext:
-            raise ValueError("grammar contains a NUL character")
-        _take_last_error()
-        self.grammar = llama_sampler_init_grammar(self.model.vocab, btext, broot)
-        if self.grammar == NULL:
-            detail = _take_last_error()
-            raise ValueError("invalid grammar" + (f": {detail}" if detail else ""))
+        self.grammar = _grammar_sampler(self.model, grammar, root)
         self.cur = <llama_token_data *> malloc(self.n_vocab * sizeof(llama_token_data))
         if self.cur == NULL:
             raise MemoryError()

@@ -18,7 +18,7 @@ import numpy as np
 
 from pyllama_so import _llama
 from pyllama_so._llama import ContextFullError, ModelLoadError
-from pyllama_so.grammar import LlamaGrammar, grammar_text
+from pyllama_so.grammar import LlamaGrammar, grammar_text, resolve_grammar
 from pyllama_so.logprobs import LogitsProcessor, LogprobRows, StoppingCriteria, completion_logprobs
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
@@ -46,6 +46,12 @@ def _check_gguf_file(path: Path) -> None:
         magic = f.read(4)
     if magic != _GGUF_MAGIC:
         raise ModelLoadError(f"not a GGUF file (magic {magic!r}): {path}")
+
+
+def _constraint(grammar: str | LlamaGrammar | None, response_format: dict[str, Any] | None) -> LlamaGrammar | None:
+    """The grammar a call's grammar= or response_format= asks for (a GrammarError for both, or a bad one)."""
+    text, root = resolve_grammar(grammar, response_format)
+    return None if text is None else LlamaGrammar(text, root)
 
 
 class Llama:
@@ -299,6 +305,7 @@ class Llama:
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int | None = None, seed: int | None = None,
                  stop_on_eog: bool = True, grammar: str | LlamaGrammar | None = None,
+                 response_format: dict[str, Any] | None = None,
                  logits_processor: LogitsProcessor | None = None,
                  stopping_criteria: StoppingCriteria | None = None, **sampling: Any) -> Iterator[int]:
         """Yield new tokens after `tokens`. Sampling parameters by llama-cpp-python's names (SamplingParams:
@@ -310,8 +317,11 @@ class Llama:
         Each step decodes, samples and accepts in C with the GIL released; Python sees only token ids. A
         logits_processor(input_ids, scores) -> scores or stopping_criteria(input_ids, scores) -> bool is
         llama-cpp-python's slow path: the logits row of every step is copied into numpy for it.
+
+        grammar (GBNF text or a LlamaGrammar) or response_format (create_completion's) constrain the tokens.
         """
-        for tok, _ in self._steps([int(t) for t in tokens], max_tokens_limit(max_tokens), seed, stop_on_eog, grammar, None,
+        constraint = _constraint(grammar, response_format)
+        for tok, _ in self._steps([int(t) for t in tokens], max_tokens_limit(max_tokens), seed, stop_on_eog, constraint, None,
                                   logits_processor, stopping_criteria, sampling):
             yield tok
 
@@ -387,6 +397,8 @@ class Llama:
         logits_processor: LogitsProcessor | None = None,
         grammar: str | LlamaGrammar | None = None,
         logit_bias: dict[int, float] | None = None,
+        *,
+        response_format: dict[str, Any] | None = None,
         **sampling: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """OpenAI-style text completion with llama-cpp-python's signature (positional order included).
@@ -396,6 +408,13 @@ class Llama:
         (log-softmax of the model's logits, computed in C). Further llama.cpp samplers by keyword
         (penalty_last_n, dry_*, xtc_*, top_n_sigma, min_keep). tfs_z is accepted and ignored (llama.cpp
         removed tail-free sampling); suffix is appended to the text; model names the response's model.
+
+        Structured output: grammar= (GBNF text or a LlamaGrammar), or response_format=
+        {"type": "json_object"} (any JSON object), {"type": "json_object", "schema": {...}} or
+        {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}} (the schema through llama.cpp's
+        JSON-schema-to-grammar converter), as llama-server reads it; one of the two at most. A grammar or
+        schema that does not parse is a ValueError with llama.cpp's message. The grammar only allows what it
+        describes: give max_tokens room for the text to end, or it is cut where max_tokens stops it.
         """
         if echo and logprobs is not None:
             raise ValueError("logprobs with echo=True (the prompt's log-probabilities) is not supported")
@@ -405,9 +424,12 @@ class Llama:
                         mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logit_bias=logit_bias)
         SamplingParams.from_kwargs(**sampling)  # bad input fails here, also for a stream not yet iterated
         _llama.check_logprobs(logprobs)
+        constraint = _constraint(grammar, response_format)
+        if stream and constraint is not None:  # the stream's sampler is built at its first step
+            _llama.check_grammar(self._parts()[0], constraint.grammar, constraint.root)
         # max_tokens checked now, not at the stream's first chunk
-        chunks = self._completion(prompt, suffix, max_tokens_limit(max_tokens), logprobs, echo, stop, seed, model, stopping_criteria,
-                                  logits_processor, grammar, sampling)
+        chunks = self._completion(prompt, suffix, max_tokens_limit(max_tokens), logprobs, echo, stop, seed, model,
+                                  stopping_criteria, logits_processor, constraint, sampling)
         if stream:
             return chunks
         text, finish, usage, cid, created, lps = "", None, {}, "", 0, None

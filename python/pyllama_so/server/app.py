@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pyllama_so import __version__, _llama
 from pyllama_so._build_info import UPSTREAM_COMMIT
+from pyllama_so.grammar import GrammarError
 from pyllama_so.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from pyllama_so.server import errors
 from pyllama_so.server.chat import ChatTemplate
@@ -63,7 +64,7 @@ class Run:
     """A job submitted from the event loop; its events arrive through an asyncio queue."""
 
     def __init__(self, engine: Engine, body: GenerationRequest, prompt: list[int], max_tokens: int | None,
-                 prompt_param: str, job_id: str) -> None:
+                 prompt_param: str, job_id: str, grammar: str | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.engine = engine
         self.events: asyncio.Queue[Event] = asyncio.Queue()
@@ -71,7 +72,7 @@ class Run:
         def emit(event: Event) -> None:  # on the engine's thread
             loop.call_soon_threadsafe(self.events.put_nowait, event)
 
-        self.job = _job(engine, body, prompt, emit, max_tokens, job_id)
+        self.job = _job(engine, body, prompt, emit, max_tokens, job_id, grammar)
         self.ended = False
         try:
             engine.submit(self.job)
@@ -124,15 +125,14 @@ class Run:
 
 
 def _job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: Callable[[Event], None],
-         max_tokens: int | None, job_id: str) -> Job:
+         max_tokens: int | None, job_id: str, grammar: str | None) -> Job:
     """The request's Job, its sampling parameters checked here, before it is queued: a value out of range
-    (or a logit_bias id outside the vocabulary, a grammar llama.cpp rejects) is a 400 naming the field."""
+    (or a logit_bias id outside the vocabulary) is a 400 naming the field. grammar: request_grammar's."""
     try:
         sampling = body.sampling()
         n_logprobs = _llama.check_logprobs(body.n_logprobs, "top_logprobs" if isinstance(getattr(body, "logprobs", None), bool)
                                            else "logprobs")
-        grammar = getattr(body, "grammar_text", lambda: None)()
-        _llama.Sampler(engine.model, sampling, n_ctx=engine.n_ctx_slot, grammar=grammar).free()
+        _llama.Sampler(engine.model, sampling, n_ctx=engine.n_ctx_slot).free()  # logit_bias ids
     except ValueError as e:
         message = str(e)
         param = next((f for f in type(body).model_fields if message.startswith(f)), None)
@@ -151,6 +151,20 @@ async def _disconnected(request: Request) -> None:
     """Return once the client has gone (Starlette sees the disconnect only when asked)."""
     while not await request.is_disconnected():
         await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+def request_grammar(model: _llama.Model, body: GenerationRequest) -> str | None:
+    """The request's grammar (grammar, json_schema or response_format), converted and parsed for model's
+    vocabulary: a bad one is a 400 with llama.cpp's message before any job is queued."""
+    try:
+        text = body.grammar_text()
+        if text is not None:
+            _llama.check_grammar(model, text)
+    except GrammarError as e:
+        raise ApiError(400, str(e), param=e.param) from None
+    except ValueError as e:
+        raise ApiError(400, str(e), param=body.grammar_param) from None
+    return text
 
 
 def _usage(done: Done) -> dict[str, Any]:
@@ -241,8 +255,9 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             if bad:
                 raise ApiError(400, f"token id {bad[0]} out of range [0, {n_vocab})", param="prompt")
         echo = model.detokenize_bytes(prompt).decode("utf-8", "replace") if body.echo else ""
+        grammar = await run_in_threadpool(request_grammar, model, body)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        run = Run(engine, body, prompt, body.token_limit, "prompt", cid)
+        run = Run(engine, body, prompt, body.token_limit, "prompt", cid, grammar)
 
         def chunk(text: str, finish: str | None, lps: Any = None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_id,
@@ -267,8 +282,9 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         except ValueError as e:
             raise ApiError(400, str(e), param="messages") from None
         prompt = await run_in_threadpool(lambda: model.tokenize(text, parse_special=True).tolist())
+        grammar = await run_in_threadpool(request_grammar, model, body)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        run = Run(engine, body, prompt, body.token_limit, "messages", cid)
+        run = Run(engine, body, prompt, body.token_limit, "messages", cid, grammar)
 
         def chunk(delta: dict[str, Any], finish: str | None, lps: Any = None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id,

@@ -481,6 +481,12 @@ class Engine:
         if job.cancelled:
             self._end(job, None)
             return
+        params = job.sampling if job.seed is None else dataclasses.replace(job.sampling, seed=job.seed)
+        try:
+            sampler = _llama.Sampler(self.model, params, n_ctx=self.n_ctx_slot, grammar=job.grammar)
+        except ValueError as e:  # the HTTP side checks first; a job submitted without that check fails alone
+            self._end(job, Failed(str(e)))
+            return
         free = [s for s in self._slots if s.job is None]
         prefix, _, slot = max(((common_prefix(s.tokens, job.prompt), -s.last_used, s) for s in free),
                               key=lambda c: c[:2])
@@ -499,8 +505,7 @@ class Engine:
         slot.sent = 0
         slot.logprob_rows = None if job.logprobs is None else LogprobRows(
             lambda tok: self.model.detokenize_bytes([tok]).decode("utf-8", "ignore"))
-        params = job.sampling if job.seed is None else dataclasses.replace(job.sampling, seed=job.seed)
-        slot.sampler = _llama.Sampler(self.model, params, n_ctx=self.n_ctx_slot, grammar=job.grammar)
+        slot.sampler = sampler
         slot.sampler.accept(job.prompt)  # penalties and DRY count the prompt, as Llama does
         if self.backend_sampling and job.logprobs is None:
             self.ctx.set_backend_sampler(slot.id, slot.sampler)  # llama.cpp may keep it on the CPU

@@ -5,10 +5,11 @@ text encoding takes."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from pyllama_so.grammar import resolve_grammar
 from pyllama_so.llama import max_tokens_limit
 from pyllama_so.sampling import SamplingParams
 
@@ -67,6 +68,10 @@ class GenerationRequest(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one choice per request
+    # structured output, at most one: GBNF text or a JSON schema (llama-server's fields), OpenAI's response_format
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
 
     def sampling(self) -> SamplingParams:
         """The sampling parameters; ValueError naming the one out of range."""
@@ -87,6 +92,16 @@ class GenerationRequest(_Body):
     def n_logprobs(self) -> int | None:
         """How many top logprobs each generated token reports, or None (the endpoint's own fields)."""
         return None
+
+    def grammar_text(self) -> str | None:
+        """GBNF for grammar / json_schema / response_format (pyllama_so.grammar; a GrammarError names the field).
+        An empty grammar is none, as in llama-server."""
+        return resolve_grammar(self.grammar or None, self.response_format, self.json_schema)[0]
+
+    @property
+    def grammar_param(self) -> str:
+        """The field the grammar came from, for a 400 on a grammar llama.cpp's parser rejects."""
+        return "grammar" if self.grammar else "json_schema" if self.json_schema is not None else "response_format"
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
