@@ -1,4 +1,5 @@
-"""The HTTP side: OpenAI's completion and chat endpoints, /v1/models, /health and /slots over an Engine.
+"""The HTTP side: OpenAI's completion and chat endpoints, /v1/models, /health, /slots and llama-server's
+/apply-template over an Engine.
 
 Handlers tokenize, submit a Job and turn its events into OpenAI's response objects, streamed as
 server-sent events with `stream: true`. The engine's thread hands events to the event loop through an
@@ -12,7 +13,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,7 +27,7 @@ from pyllama_so.server import errors
 from pyllama_so.server.chat import ChatTemplate
 from pyllama_so.server.engine import Delta, Done, Engine, EngineStopped, Event, Failed, Job, PromptError, QueueFull
 from pyllama_so.server.errors import ApiError
-from pyllama_so.server.schemas import ChatRequest, CompletionRequest, GenerationRequest
+from pyllama_so.server.schemas import ChatRequest, ChatTemplateRequest, CompletionRequest, GenerationRequest
 
 PUBLIC_PATHS = frozenset({"/health"})  # answered without the API key
 
@@ -52,7 +53,7 @@ class Run:
     """A job submitted from the event loop; its events arrive through an asyncio queue."""
 
     def __init__(self, engine: Engine, body: GenerationRequest, prompt: list[int], max_tokens: int | None,
-                 prompt_param: str, job_id: str) -> None:
+                 prompt_param: str, job_id: str, extra_stops: Sequence[str] = ()) -> None:
         loop = asyncio.get_running_loop()
         self.engine = engine
         self.events: asyncio.Queue[Event] = asyncio.Queue()
@@ -61,7 +62,7 @@ class Run:
             loop.call_soon_threadsafe(self.events.put_nowait, event)
 
         self.job = Job(prompt, emit, max_tokens=max_tokens, sampling=body.sampling(), seed=body.seed,
-                       stop=body.stops(), id=job_id)
+                       stop=body.stops() + [s for s in extra_stops if s not in body.stops()], id=job_id)
         self.ended = False
         try:
             engine.submit(self.job)
@@ -172,7 +173,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         meta = {"n_ctx_slot": engine.n_ctx_slot, "n_slots": len(engine.slots), "n_vocab": n_vocab,
-                "chat_template": chat.source, **(model_meta or {})}
+                "chat_template": chat.name, **(model_meta or {})}
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": started,
                                             "owned_by": "pyllama_so", "meta": meta}]}
 
@@ -202,16 +203,26 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         text, done = result
         return chunk(echo + text, done.finish_reason, usage=_usage(done), timings=done.timings.as_dict())
 
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatRequest, request: Request) -> dict[str, Any] | EventSourceResponse:
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    async def render(body: ChatTemplateRequest) -> str:
+        """The chat prompt of a request; 400 naming the template when it fails to render the messages."""
         try:
-            text = chat.format(messages)
+            return await run_in_threadpool(body.render, chat)
         except ValueError as e:
             raise ApiError(400, str(e), param="messages") from None
-        prompt = await run_in_threadpool(lambda: model.tokenize(text, parse_special=True).tolist())
+
+    @app.post("/apply-template")
+    async def apply_template(body: ChatTemplateRequest) -> dict[str, Any]:
+        """llama-server's: the prompt the chat template makes of the messages, without generating."""
+        return {"prompt": await render(body)}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatRequest, request: Request) -> dict[str, Any] | EventSourceResponse:
+        text = await render(body)
+        # a Jinja template writes the BOS itself where it wants one; llama.cpp's built-ins leave it to the tokenizer
+        prompt = await run_in_threadpool(
+            lambda: model.tokenize(text, add_special=chat.add_bos, parse_special=True).tolist())
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        run = Run(engine, body, prompt, body.token_limit, "messages", cid)
+        run = Run(engine, body, prompt, body.token_limit, "messages", cid, extra_stops=chat.stops)
 
         def chunk(delta: dict[str, Any], finish: str | None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id,
