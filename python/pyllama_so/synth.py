@@ -200,8 +200,9 @@ def _check_names(shape_name: str, weight_type: str) -> None:
 
 
 def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "f16", *, seed: int = 0,
-                quiet: bool = False) -> Path:
-    """Write a synthetic model; return its path.
+                quiet: bool = False, chat_template: str | None = None) -> Path:
+    """Write a synthetic model; return its path. chat_template: a Jinja text written as the model's
+    tokenizer.chat_template (default: none, so chat falls back to llama.cpp's chatml).
 
     A quantized type is written as F16 to a temporary file next to path first (so that folder needs
     room for both), which is removed afterwards, also on failure or Ctrl-C. llama_model_quantize has
@@ -211,12 +212,12 @@ def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if weight_type in DIRECT_TYPES:
-        _write_direct(path, shape_name, weight_type, seed, quiet, path.name)
+        _write_direct(path, shape_name, weight_type, seed, quiet, path.name, chat_template)
         return path
     f16 = path.with_name(f"{path.name}.f16-{os.getpid()}.tmp")
     part = path.with_name(f"{path.name}.{os.getpid()}.part")  # never a half-quantized file under the final name
     try:
-        _write_direct(f16, shape_name, "f16", seed, quiet, f"{path.name}: f16")
+        _write_direct(f16, shape_name, "f16", seed, quiet, f"{path.name}: f16", chat_template)
         if not quiet:
             print(f"synth: {path.name}: quantizing to {weight_type} with llama.cpp", file=sys.stderr, flush=True)
         t0 = time.monotonic()
@@ -232,7 +233,8 @@ def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "
     return path
 
 
-def _write_direct(path: Path, shape_name: str, weight_type: str, seed: int, quiet: bool, label: str) -> None:
+def _write_direct(path: Path, shape_name: str, weight_type: str, seed: int, quiet: bool, label: str,
+                  chat_template: str | None = None) -> None:
     shape = SHAPES[shape_name]
     specs = tensors(shape, weight_type)
     pool = _RandomPool(seed)
@@ -248,7 +250,10 @@ def _write_direct(path: Path, shape_name: str, weight_type: str, seed: int, quie
             print("\r" + text if tty else text, end="" if tty else "\n", file=sys.stderr, flush=True)
 
     try:
-        write_gguf(path, metadata(shape, weight_type, shape_name), specs, pool.write, progress)
+        meta = metadata(shape, weight_type, shape_name)
+        if chat_template is not None:
+            meta["tokenizer.chat_template"] = chat_template
+        write_gguf(path, meta, specs, pool.write, progress)
     except BaseException:
         if last[0] and tty:
             print(file=sys.stderr)  # end the progress line before the error

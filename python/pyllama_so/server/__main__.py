@@ -47,8 +47,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("-a", "--alias", default=A.env_default("ALIAS", "") or None, metavar="NAME",
                     help="the model's id in responses and /v1/models (default: the file name; env LLAMA_ARG_ALIAS)")
     ap.add_argument("--chat-template", default=A.env_default("CHAT_TEMPLATE", "") or None, metavar="NAME|TEXT",
-                    help="a llama.cpp built-in template (chatml, llama3, ...) or a template text; default: the "
-                    "model's, else chatml (env LLAMA_ARG_CHAT_TEMPLATE)")
+                    help="a llama.cpp built-in template, chat_template.NAME (the model's "
+                    "tokenizer.chat_template.NAME) or a Jinja template text; default: the model's own (Jinja), "
+                    "else chatml (env LLAMA_ARG_CHAT_TEMPLATE). Built-ins: "
+                    + ", ".join(_llama.chat_builtin_templates()))
+    ap.add_argument("--chat-template-file", default=A.env_default("CHAT_TEMPLATE_FILE", "") or None, metavar="FILE",
+                    help="a Jinja chat template file, instead of --chat-template (env LLAMA_ARG_CHAT_TEMPLATE_FILE)")
     ap.add_argument("--shutdown-grace", type=A.non_negative_float, default="5", metavar="SECONDS",
                     help="on SIGINT or SIGTERM, the time requests in progress get to finish before they end "
                     "with finish_reason length; a second signal ends them at once (default 5)")
@@ -106,6 +110,8 @@ def _main(argv: list[str] | None) -> int:
             raise ValueError(f"-so 1 needs -sm tensor, not -sm {ns.split_mode}")
         if ns.attn_split and ns.split_mode != "tensor":  # before its length: no device count makes it right
             raise ValueError(f"-as needs -sm tensor, not -sm {ns.split_mode}")
+        if ns.chat_template and ns.chat_template_file:
+            raise ValueError("give --chat-template or --chat-template-file, not both")
     except ValueError as e:
         print(f"server: error: {e}", file=sys.stderr)
         return 2
@@ -129,7 +135,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"server: model file not found: {path}", file=sys.stderr)
             return 1
         return serve(ns, path, sock)
-    except (_llama.LlamaError, ValueError, OSError) as e:
+    except (_llama.LlamaError, ValueError, OSError, ImportError) as e:
         print(f"server: error: {e}", file=sys.stderr)
         return 1
     finally:
@@ -163,6 +169,8 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket) -> int:
                               tensor_split=ns.tensor_split, attn_split=ns.attn_split, rpc_servers=ns.rpc)
     ctx = None
     try:
+        # before the context (its KV cache may take long to allocate): a broken template stops the start
+        template = chat.resolve(model, ns.chat_template, ns.chat_template_file)
         ctx = _llama.Context(model, n_ctx=ns.ctx_size, n_batch=ns.batch_size,
                              n_ubatch=ns.ubatch_size, n_seq_max=ns.parallel, n_threads=ns.threads,
                              n_threads_batch=ns.threads, flash_attn=ns.flash_attn, type_k=ns.cache_type_k,
@@ -170,7 +178,6 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket) -> int:
         lanes = ctx.split_overlap_stats()
         if ns.split_overlap and not lanes["enabled"]:
             log.warning("split overlap stays off: %s", lanes["reason"])
-        template = chat.resolve(model, ns.chat_template)
         engine = Engine(ctx, queue_size=ns.queue_size, backend_sampling=ns.backend_sampling)
         model_id = ns.alias or path.name
         meta = {"path": str(path), "desc": model.desc, "n_params": model.n_params, "size": model.size,
@@ -181,7 +188,7 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket) -> int:
         engine.start()
         try:
             log.info("%s: %d slots of %d tokens, n_batch %d, n_ubatch %d, chat template %s", model_id,
-                     ns.parallel, ctx.n_ctx_seq, ctx.n_batch, ctx.n_ubatch, template.source)
+                     ns.parallel, ctx.n_ctx_seq, ctx.n_batch, ctx.n_ubatch, template.name)
             log.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, bound)
             # uvicorn waits for the responses a little longer than the engine's grace, for their last chunks
             config = uvicorn.Config(app, log_level="warning", access_log=False,

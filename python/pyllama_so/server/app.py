@@ -1,4 +1,5 @@
-"""The HTTP side: OpenAI's completion and chat endpoints, /v1/models, /health and /slots over an Engine.
+"""The HTTP side: OpenAI's completion and chat endpoints, /v1/models, /health, /slots and llama-server's
+/apply-template over an Engine.
 
 Handlers tokenize, submit a Job and turn its events into OpenAI's response objects, streamed as
 server-sent events with `stream: true`. The engine's thread hands events to the event loop through an
@@ -33,7 +34,7 @@ from pyllama_so.server.chat import ChatTemplate
 from pyllama_so.server.engine import (SHUTTING_DOWN, Delta, Done, Engine, EngineStopped, Event, Failed, Job,
                                       PromptError, QueueFull)
 from pyllama_so.server.errors import ApiError
-from pyllama_so.server.schemas import ChatRequest, CompletionRequest, GenerationRequest
+from pyllama_so.server.schemas import ChatRequest, ChatTemplateRequest, CompletionRequest, GenerationRequest
 
 PUBLIC_PATHS = frozenset({"/health"})  # answered without the API key
 # OpenAI's system_fingerprint: this build (the package and the upstream commit it is built on)
@@ -64,7 +65,7 @@ class Run:
     """A job submitted from the event loop; its events arrive through an asyncio queue."""
 
     def __init__(self, engine: Engine, body: GenerationRequest, prompt: list[int], max_tokens: int | None,
-                 prompt_param: str, job_id: str, grammar: str | None = None) -> None:
+                 prompt_param: str, job_id: str, grammar: str | None = None, extra_stops: Sequence[str] = ()) -> None:
         loop = asyncio.get_running_loop()
         self.engine = engine
         self.events: asyncio.Queue[Event] = asyncio.Queue()
@@ -72,7 +73,7 @@ class Run:
         def emit(event: Event) -> None:  # on the engine's thread
             loop.call_soon_threadsafe(self.events.put_nowait, event)
 
-        self.job = _job(engine, body, prompt, emit, max_tokens, job_id, grammar)
+        self.job = _job(engine, body, prompt, emit, max_tokens, job_id, grammar, extra_stops)
         self.ended = False
         try:
             engine.submit(self.job)
@@ -125,7 +126,7 @@ class Run:
 
 
 def _job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: Callable[[Event], None],
-         max_tokens: int | None, job_id: str, grammar: str | None) -> Job:
+         max_tokens: int | None, job_id: str, grammar: str | None, extra_stops: Sequence[str] = ()) -> Job:
     """The request's Job, its sampling parameters checked here, before it is queued: a value out of range
     (or a logit_bias id outside the vocabulary) is a 400 naming the field. grammar: request_grammar's."""
     try:
@@ -137,7 +138,8 @@ def _job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: Calla
         message = str(e)
         param = next((f for f in type(body).model_fields if message.startswith(f)), None)
         raise ApiError(400, message, param=param) from None
-    return Job(prompt, emit, max_tokens=max_tokens, sampling=sampling, seed=body.seed, stop=body.stops(),
+    stops = body.stops() + [s for s in extra_stops if s not in body.stops()]  # the chat template's turn end
+    return Job(prompt, emit, max_tokens=max_tokens, sampling=sampling, seed=body.seed, stop=stops,
                grammar=grammar, logprobs=n_logprobs, id=job_id)
 
 
@@ -237,8 +239,10 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
+        # the template itself (a Jinja text, or the name of a llama.cpp built-in) and where it came from
         meta = {"n_ctx_slot": engine.n_ctx_slot, "n_slots": engine.n_slots, "n_vocab": n_vocab,
-                "chat_template": chat.template, "chat_template_source": chat.source, **(model_meta or {})}
+                "chat_template": getattr(chat, "text", None) or getattr(chat, "builtin", chat.name),
+                "chat_template_source": chat.name, **(model_meta or {})}
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": started,
                                             "owned_by": "pyllama_so", "meta": meta}]}
 
@@ -274,17 +278,27 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         lps = completion_logprobs(run.logprobs) if run.job.logprobs is not None else None
         return chunk(echo + text, done.finish_reason, lps, usage=_usage(done), timings=done.timings.as_dict())
 
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatRequest, request: Request) -> dict[str, Any] | EventSourceResponse:
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    async def render(body: ChatTemplateRequest) -> str:
+        """The chat prompt of a request; 400 naming the template when it fails to render the messages."""
         try:
-            text = chat.format(messages)
+            return await run_in_threadpool(body.render, chat)
         except ValueError as e:
             raise ApiError(400, str(e), param="messages") from None
-        prompt = await run_in_threadpool(lambda: model.tokenize(text, parse_special=True).tolist())
+
+    @app.post("/apply-template")
+    async def apply_template(body: ChatTemplateRequest) -> dict[str, Any]:
+        """llama-server's: the prompt the chat template makes of the messages, without generating."""
+        return {"prompt": await render(body)}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatRequest, request: Request) -> dict[str, Any] | EventSourceResponse:
+        text = await render(body)
+        # a Jinja template writes the BOS itself where it wants one; llama.cpp's built-ins leave it to the tokenizer
+        prompt = await run_in_threadpool(
+            lambda: model.tokenize(text, add_special=chat.add_bos, parse_special=True).tolist())
         grammar = await run_in_threadpool(request_grammar, model, body)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        run = Run(engine, body, prompt, body.token_limit, "messages", cid, grammar)
+        run = Run(engine, body, prompt, body.token_limit, "messages", cid, grammar, extra_stops=chat.stops)
 
         def chunk(delta: dict[str, Any], finish: str | None, lps: Any = None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id,

@@ -1,50 +1,29 @@
-"""Chat messages to a prompt, through llama.cpp's own chat templates (llama_chat_apply_template).
+"""The server's chat template (pyllama_so.chat_template renders it): --chat-template or --chat-template-file
+when given, else the model's own tokenizer.chat_template (Jinja), else llama.cpp's built-in chatml.
 
-The template is --chat-template when given (a built-in name such as "chatml" or "llama3", or a model's
-template text), else the model's own (tokenizer.chat_template), else DEFAULT_TEMPLATE. llama.cpp
-recognizes a model's Jinja text by its markers and formats it with its built-in code (no Jinja engine);
-a model template it does not recognize falls back to the default with a warning. The synthetic models
-have no template, so they get the default.
+Every template is compiled at start-up, so a broken one stops the server with its error instead of
+failing each request; one that fails to render a request's messages is a 400 for that request.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from pathlib import Path
 
 from pyllama_so import _llama
+from pyllama_so.chat_template import ChatTemplate, from_spec, jinja_for_model, model_template
 
-log = logging.getLogger("pyllama_so.server")
-
-DEFAULT_TEMPLATE = "chatml"  # <|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n
-
-_PROBE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+__all__ = ["ChatTemplate", "resolve"]
 
 
-@dataclass(frozen=True)
-class ChatTemplate:
-    template: str  # a built-in name or a template text llama.cpp recognizes
-    source: str  # where it came from, for the start-up log and /v1/models
-
-    def format(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """The prompt for messages ({"role", "content"}), ending with the start of the assistant's turn.
-        ValueError when llama.cpp cannot format them."""
-        return _llama.chat_apply_template(self.template, messages, add_assistant=True)
-
-
-def resolve(model: _llama.Model, override: str | None = None) -> ChatTemplate:
-    """The template for model: override (ValueError if llama.cpp does not know it), else the model's,
-    else DEFAULT_TEMPLATE."""
-    if override:
-        _llama.chat_apply_template(override, _PROBE)
-        return ChatTemplate(override, "--chat-template")
-    own = model.chat_template()
-    if own is None:
-        return ChatTemplate(DEFAULT_TEMPLATE, f"default ({DEFAULT_TEMPLATE}: the model has no chat template)")
-    try:
-        _llama.chat_apply_template(own, _PROBE)
-    except ValueError:
-        log.warning("llama.cpp does not recognize the model's chat template; using %s", DEFAULT_TEMPLATE)
-        return ChatTemplate(DEFAULT_TEMPLATE, f"default ({DEFAULT_TEMPLATE}: llama.cpp does not know the model's)")
-    return ChatTemplate(own, "the model's")
+def resolve(model: _llama.Model, template: str | None = None, template_file: str | Path | None = None) -> ChatTemplate:
+    """The template for model: template (a built-in name, "chat_template.NAME" or a Jinja text), else the
+    Jinja text of template_file, else the model's own, else chatml. ValueError (or OSError for an unreadable
+    file) when it cannot be used; ImportError without Jinja2."""
+    if template is not None and template_file is not None:
+        raise ValueError("give --chat-template or --chat-template-file, not both")
+    if template is not None:
+        return from_spec(model, template, name="--chat-template")
+    if template_file is not None:
+        text = Path(template_file).read_text(encoding="utf-8")
+        return jinja_for_model(model, text, name=f"the chat template of --chat-template-file {template_file}")
+    return model_template(model)

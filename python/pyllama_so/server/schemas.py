@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from pyllama_so.grammar import resolve_grammar
 from pyllama_so.llama import max_tokens_limit
+from pyllama_so.chat_template import ChatTemplate
 from pyllama_so.sampling import SamplingParams
 
 
@@ -140,6 +141,10 @@ class ContentPart(_Body):
 
 
 class Message(_Body):
+    """A chat turn. Fields beyond role and content (name, tool_calls, tool_call_id, ...) reach the chat
+    template as they are."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
     role: Text
     content: Text | list[ContentPart] | None = None
 
@@ -155,9 +160,27 @@ class Message(_Body):
             return "".join(p.text or "" for p in self.content)
         return self.content or ""
 
+    def variables(self) -> dict[str, Any]:
+        """The message as the chat template sees it: content as text ("" for null), the other fields kept."""
+        return {**(self.model_extra or {}), "role": self.role, "content": self.text()}
 
-class ChatRequest(GenerationRequest):
+
+class ChatTemplateRequest(_Body):
+    """What the chat template renders: the fields of /v1/chat/completions that /apply-template takes too."""
+
     messages: list[Message] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the template (llama-server's field)
+
+    def render(self, template: ChatTemplate) -> str:
+        """The prompt text; ValueError when the template fails on these messages."""
+        return template.render([m.variables() for m in self.messages], add_generation_prompt=self.add_generation_prompt,
+                               tools=self.tools, tool_choice=self.tool_choice, **(self.chat_template_kwargs or {}))
+
+
+class ChatRequest(GenerationRequest, ChatTemplateRequest):
     max_tokens: int | None = None  # see token_limit
     max_completion_tokens: int | None = None  # the newer name of max_tokens
     logprobs: bool = False

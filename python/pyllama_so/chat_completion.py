@@ -1,0 +1,74 @@
+"""OpenAI's chat completion objects made from text completions, in llama-cpp-python's shapes.
+
+Llama.create_chat_completion renders the messages with the chat template, runs create_completion on the
+prompt's tokens and turns what comes back into `chat.completion` (or a stream of
+`chat.completion.chunk`) objects: the id is the completion's prefixed with "chat" ("chatcmpl-..."), the
+text is the assistant's message, and a stream starts with a chunk that carries the role only and ends
+with one that carries the finish reason and an empty delta.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+
+def chat_logprobs(logprobs: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A completion's logprobs ({"tokens", "token_logprobs", "top_logprobs": [{token: logprob}]}) in the chat
+    shape ({"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}],
+    "refusal"})."""
+    if logprobs is None:
+        return None
+    tops = logprobs.get("top_logprobs") or [None] * len(logprobs["tokens"])
+    content = [{"token": token, "logprob": logprob, "bytes": None,
+                "top_logprobs": [{"token": t, "logprob": lp, "bytes": None} for t, lp in (top or {}).items()]}
+               for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], tops)]
+    return {"content": content, "refusal": None}
+
+
+def chat_response(completion: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """A create_completion result as a `chat.completion`."""
+    choice = completion["choices"][0]
+    return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": choice["text"]},
+                         "logprobs": chat_logprobs(choice.get("logprobs")), "finish_reason": choice["finish_reason"]}],
+            "usage": completion["usage"]}
+
+
+def _chunk(source: Mapping[str, Any], model: str, delta: dict[str, Any], finish: str | None,
+           logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"id": "chat" + source["id"], "object": "chat.completion.chunk", "created": source["created"],
+            "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+
+
+def chat_chunks(chunks: Iterator[Mapping[str, Any]], model: str) -> Iterator[dict[str, Any]]:
+    """create_completion's stream as `chat.completion.chunk` objects: the role first, a content delta per
+    piece of text, the finish reason last (with an empty delta), so that the contents concatenate to the
+    text of the non-streamed response."""
+    first = True
+    for chunk in chunks:
+        if first:
+            yield _chunk(chunk, model, {"role": "assistant"}, None)
+            first = False
+        choice = chunk["choices"][0]
+        logprobs = chat_logprobs(choice.get("logprobs"))
+        if choice["finish_reason"] is None:
+            yield _chunk(chunk, model, {"content": choice["text"]}, None, logprobs)
+            continue
+        if choice["text"]:  # the text held back for stop strings comes with the last completion chunk
+            yield _chunk(chunk, model, {"content": choice["text"]}, None, logprobs)
+            logprobs = None
+        yield _chunk(chunk, model, {}, choice["finish_reason"], logprobs)
+
+
+def tools_from_functions(functions: Sequence[Mapping[str, Any]] | None,
+                         function_call: str | Mapping[str, Any] | None) -> tuple[list[dict[str, Any]] | None, Any]:
+    """OpenAI's legacy functions / function_call as tools / tool_choice (as llama-cpp-python converts them)."""
+    tools = None if functions is None else [{"type": "function", "function": dict(f)} for f in functions]
+    choice: Any = None
+    if isinstance(function_call, str) and function_call in ("none", "auto"):
+        choice = function_call
+    elif isinstance(function_call, Mapping) and "name" in function_call:
+        choice = {"type": "function", "function": {"name": function_call["name"]}}
+    return tools, choice
