@@ -61,7 +61,7 @@ class Run:
             loop.call_soon_threadsafe(self.events.put_nowait, event)
 
         self.job = Job(prompt, emit, max_tokens=max_tokens, sampling=body.sampling(), seed=body.seed,
-                       stop=body.stops(), id=job_id)
+                       stop=body.stops(), ignore_eos=body.ignore_eos, id=job_id)
         self.ended = False
         try:
             engine.submit(self.job)

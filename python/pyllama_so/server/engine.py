@@ -14,6 +14,7 @@ called on the engine thread.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import threading
 import time
@@ -115,6 +116,7 @@ class Job:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
     stop: Sequence[str] = ()
+    ignore_eos: bool = False  # end-of-generation tokens are never sampled (llama-server's ignore_eos)
     id: str = field(default_factory=lambda: f"job-{uuid.uuid4().hex[:12]}")
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
@@ -206,6 +208,11 @@ class Engine:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="pyllama_so-engine", daemon=True)
+
+    @functools.cached_property
+    def _eog_tokens(self) -> np.ndarray:
+        """The vocabulary's end-of-generation tokens, found once, when a job first ignores them."""
+        return np.array([t for t in range(self.model.n_vocab) if self.model.is_eog(t)], dtype=np.int64)
 
     # -- the HTTP side's calls (any thread) --
 
@@ -376,6 +383,8 @@ class Engine:
             if job.max_tokens == 0:
                 self._finish(s, "length", now)
                 return
+        if job.ignore_eos:
+            logits[self._eog_tokens] = -np.inf
         # the order of Llama.generate and create_completion: end-of-generation, text, stop strings, limits
         tok = sample(logits, job.sampling, s.rng)
         if self.model.is_eog(tok):

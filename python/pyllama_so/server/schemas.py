@@ -29,6 +29,7 @@ class GenerationRequest(_Body):
     min_p: float = Field(0.05, ge=0, lt=1)
     seed: int | None = None
     stop: str | list[str] | None = None
+    ignore_eos: bool = False  # llama-server's extension: end-of-generation tokens are never sampled
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one choice per request
