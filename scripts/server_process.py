@@ -1,6 +1,6 @@
-"""`python -m pyllama_so.server` as a subprocess on a free port, for the server's tests and the scripts beside
-this file (server-scenario). Imports nothing of pyllama_so: a CUDA context in the measuring process would
-count in a script's peak VRAM (vram_peak.py)."""
+"""`python -m pyllama_so.server` (or upstream's llama-server) as a subprocess on a free port, for the server's
+tests and the scripts beside this file (server-scenario, server-load). Imports nothing of pyllama_so: a CUDA
+context in the measuring process would count in a script's peak VRAM (vram_peak.py)."""
 
 from __future__ import annotations
 
@@ -14,23 +14,29 @@ import urllib.error
 import urllib.request
 
 
-class ServerProcess:
-    """`python -m pyllama_so.server --port 0 ARGS`: url comes from its "listening on" log line, and the
-    constructor returns once /health answers 200 (or stops the server and raises RuntimeError). lines holds
-    its log (stderr, read as it comes so the pipe never fills). stop() terminates it, killing it after 20 s."""
+OURS = [sys.executable, "-m", "pyllama_so.server"]
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, start_timeout: float = 120) -> None:
+
+class ServerProcess:
+    """`COMMAND --port 0 ARGS`, COMMAND by default `python -m pyllama_so.server` (llama-server's path for
+    upstream's: both log a "listening on URL" line once they serve, and answer /health): url comes from that
+    line, and the constructor returns once /health answers 200 within start_timeout (or stops the server and
+    raises RuntimeError). lines holds its log (stdout and stderr, read as it comes so the pipe never fills).
+    stop() terminates it, killing it after 20 s."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, start_timeout: float = 120,
+                 command: list[str] | None = None) -> None:
         self.lines: list[str] = []
         self.url = ""
+        self.command = [*(command or OURS), "--port", "0", *args]
         self._ready = threading.Event()
-        self.proc = subprocess.Popen([sys.executable, "-m", "pyllama_so.server", "--port", "0", *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     errors="replace", env={**os.environ, **(env or {})})
         threading.Thread(target=self._read, daemon=True).start()
         try:
             if not self._ready.wait(start_timeout) or not self.url:
                 raise RuntimeError(f"the server did not start:\n{self.log}")
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + max(30.0, start_timeout)
             while not self._healthy():
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     raise RuntimeError(f"/health never answered 200:\n{self.log}")
@@ -40,8 +46,8 @@ class ServerProcess:
             raise
 
     def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
             self.lines.append(line)
             m = re.search(r"listening on (http://\S+)", line)
             if m:

@@ -64,8 +64,27 @@ def test_fetch_selects_only_the_needed_parts() -> None:
     assert fetch.wanted("ggml/src/ggml-rpc/ggml-rpc.cpp", pats)
     assert fetch.wanted("tools/rpc/rpc-server.cpp", pats)
     assert not fetch.wanted("ggml/src/ggml-vulkan/ggml-vulkan.cpp", pats)
-    assert not fetch.wanted("tools/server/server.cpp", pats)
     assert not fetch.wanted("ggml/src/ggml-sycl/foo.c", pats)
+    # llama-server (-DPYLLAMA_SO_UPSTREAM_SERVER=ON): its sources, mtmd's, the UI's CMake glue; common/ whole
+    for rel in ("tools/server/server.cpp", "tools/server/server-http.h", "tools/mtmd/clip.cpp",
+                "tools/mtmd/models/qwen3vl.cpp", "tools/mtmd/debug/mtmd-debug.h", "tools/ui/CMakeLists.txt",
+                "tools/ui/ui.cpp.in", "scripts/ui-assets.cmake", "common/json-schema-to-grammar.cpp",
+                "common/jinja/runtime.cpp", "vendor/cpp-httplib/httplib.cpp"):
+        assert fetch.wanted(rel, pats), rel
+    # ... but not the web UI's sources, the tools' tests, docs and media
+    for rel in ("tools/ui/src/app.html", "tools/ui/package-lock.json", "tools/server/README.md",
+                "tools/server/tests/unit/test_basic.py", "tools/server/bench/bench.py", "tools/mtmd/test-1.jpeg",
+                "tools/mtmd/legacy-models/llava_surgery.py", "tools/mtmd/debug/mtmd-debug.cpp"):
+        assert not fetch.wanted(rel, pats), rel
+
+
+def test_the_extracted_tree_stays_small() -> None:
+    """It travels with the working tree to the GPU machines (64 MiB in all): no web UI, media or tests."""
+    tree = REPO / ".upstream" / "llama.cpp"
+    if not tree.is_dir():
+        pytest.skip("no extracted upstream tree (built from PYLLAMA_SO_UPSTREAM_DIR?)")
+    size = sum(p.stat().st_size for p in tree.rglob("*") if p.is_file())
+    assert size < 32 * 2**20, f"{tree} holds {size / 2**20:.1f} MiB"
 
 
 def test_fetch_extracts_again_for_another_parts_list(tmp_path: Path) -> None:
@@ -93,7 +112,7 @@ def test_fetch_rejects_a_wrong_checksum(tmp_path: Path) -> None:
 
 def test_a_local_tree_is_copied_and_never_modified(tmp_path: Path) -> None:
     src = tmp_path / "checkout"
-    for rel, text in {"include/llama.h": "h", "src/a.cpp": "int a;", "tools/server/s.cpp": "s",
+    for rel, text in {"include/llama.h": "h", "src/a.cpp": "int a;", "tools/server/README.md": "s",
                       ".git/HEAD": "ref"}.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_text(text)
@@ -120,7 +139,7 @@ def test_a_local_tree_is_copied_and_never_modified(tmp_path: Path) -> None:
     copy()
     assert not (dest / "src" / "b.cpp").exists()
     assert sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file()) == \
-        [".git/HEAD", "include/llama.h", "src/a.cpp", "tools/server/s.cpp"]
+        [".git/HEAD", "include/llama.h", "src/a.cpp", "tools/server/README.md"]
     inside = subprocess.run(cmd[:-1] + [str(src / "build")], capture_output=True, text=True)
     assert inside.returncode != 0 and "outside the checkout" in inside.stderr
 

@@ -257,6 +257,21 @@ def test_seeded_sampling_equals_llama(server: Server, llm: Llama) -> None:
     assert got[0] == got[1] == want and got[2] != want
 
 
+def test_ignore_eos_generates_max_tokens(server: Server) -> None:
+    """ignore_eos (llama-server's extension): a request that ends at an end-of-generation token without it
+    (finish "stop" with no stop strings, before max_tokens) generates all max_tokens with it."""
+    body = {"prompt": unique_tokens(50, 4), "max_tokens": 64, "temperature": 50.0, "top_k": 0, "top_p": 1.0,
+            "min_p": 0.0}  # about uniform over the 512 tokens: an end-of-generation token in ~1 of 8 requests
+    seed = next((seed for seed in range(60) if server.post("/v1/completions", {**body, "seed": seed}).json()
+                 ["choices"][0]["finish_reason"] == "stop"), None)
+    assert seed is not None, "no request ended at an end-of-generation token"
+    plain = server.post("/v1/completions", {**body, "seed": seed}).json()
+    assert plain["usage"]["completion_tokens"] < 64
+    forced = server.post("/v1/completions", {**body, "seed": seed, "ignore_eos": True}).json()
+    assert forced["choices"][0]["finish_reason"] == "length" and forced["usage"]["completion_tokens"] == 64
+    assert server.post("/v1/completions", {**body, "ignore_eos": "yes"}).status_code == 400
+
+
 def test_models_and_health(server: Server, tiny_model: Path) -> None:
     models = server.client().models.list()
     assert [m.id for m in models.data] == [tiny_model.name]

@@ -140,7 +140,7 @@ def _job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: Calla
         raise ApiError(400, message, param=param) from None
     stops = body.stops() + [s for s in extra_stops if s not in body.stops()]  # the chat template's turn end
     return Job(prompt, emit, max_tokens=max_tokens, sampling=sampling, seed=body.seed, stop=stops,
-               grammar=grammar, logprobs=n_logprobs, id=job_id)
+               grammar=grammar, logprobs=n_logprobs, ignore_eos=body.ignore_eos, id=job_id)
 
 
 def _failure(event: Failed) -> ApiError:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import functools
 import logging
 import threading
 import time
@@ -136,6 +137,7 @@ class Job:
     stop: Sequence[str] = ()
     grammar: str | None = None  # GBNF text for the slot's sampler (checked before the job is queued)
     logprobs: int | None = None  # the top logprobs of each generated token, or None
+    ignore_eos: bool = False  # end-of-generation tokens are never sampled (llama-server's ignore_eos)
     id: str = field(default_factory=lambda: f"job-{uuid.uuid4().hex[:12]}")
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set by cancel() (any thread), read by the engine thread at each step
@@ -306,6 +308,11 @@ class Engine:
         self._snapshot: EngineSnapshot
         self._publish()
         self._thread = threading.Thread(target=self._run, name="pyllama_so-engine", daemon=True)
+
+    @functools.cached_property
+    def _eog_tokens(self) -> np.ndarray:
+        """The vocabulary's end-of-generation tokens, found once, when a job first ignores them."""
+        return np.array([t for t in range(self.model.n_vocab) if self.model.is_eog(t)], dtype=np.int64)
 
     # -- the HTTP side's calls (any thread) --
 
@@ -482,6 +489,9 @@ class Engine:
             self._end(job, None)
             return
         params = job.sampling if job.seed is None else dataclasses.replace(job.sampling, seed=job.seed)
+        if job.ignore_eos:  # as llama-server: a bias of -inf on every end-of-generation token
+            bias = {**(params.logit_bias or {}), **{int(t): float("-inf") for t in self._eog_tokens}}
+            params = dataclasses.replace(params, logit_bias=bias)
         try:
             sampler = _llama.Sampler(self.model, params, n_ctx=self.n_ctx_slot, grammar=job.grammar)
         except ValueError as e:  # the HTTP side checks first; a job submitted without that check fails alone

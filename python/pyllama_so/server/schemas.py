@@ -66,6 +66,7 @@ class GenerationRequest(_Body):
     logit_bias: dict[Text, float] | None = None  # OpenAI's: token id (as a string) -> bias
     seed: int | None = None
     stop: Text | list[Text] | None = None
+    ignore_eos: bool = False  # llama-server's extension: end-of-generation tokens are never sampled
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one choice per request

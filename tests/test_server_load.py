@@ -1,0 +1,155 @@
+"""scripts/server-load (streamed /v1/completions load: tok/s, TTFT, inter-token latency; the mixed scenario of
+generating streams and long prompts) against our server with the tiny model, and against upstream's
+llama-server when it was built (-DPYLLAMA_SO_UPSTREAM_SERVER=ON)."""
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPT = SCRIPTS / "server-load"
+# 3 slots of 512 tokens: the mixed scenario's two streams and a long prompt
+SERVER_FLAGS = ["-c", "1536", "-np", "3", "-b", "256", "-ub", "64", "-t", "2"]
+LOAD_FIELDS = {"server", "scenario", "concurrency", "requests", "ok", "errors", "error_samples", "prompt_tokens",
+               "gen_tokens", "output_tokens", "duration_s", "output_tps", "ttft_ms", "itl_ms", "tpot_ms"}
+MIXED_FIELDS = {"server", "scenario", "concurrency", "long_prompts", "prompt_tps", "itl_ms_alone", "itl_ms_mixed",
+                "stream_requests", "errors", "error_samples"}
+
+
+def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+
+
+@functools.cache
+def load_script() -> Any:
+    """The script as a module (it imports server_process from beside itself)."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    loader = importlib.machinery.SourceFileLoader("server_load", str(SCRIPT))
+    spec = importlib.util.spec_from_loader("server_load", loader)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["server_load"] = mod  # its dataclasses look their module up
+    loader.exec_module(mod)
+    return mod
+
+
+def check_load_run(r: dict[str, Any], concurrency: int, requests: int, prompt: int, gen: int) -> None:
+    assert LOAD_FIELDS <= r.keys()
+    assert (r["concurrency"], r["requests"], r["ok"], r["errors"]) == (concurrency, requests, requests, 0), r
+    assert (r["prompt_tokens"], r["gen_tokens"]) == (prompt, gen)
+    assert r["output_tokens"] == requests * gen  # ignore_eos: every request generated all its tokens
+    assert r["output_tps"] > 0 and r["duration_s"] > 0
+    assert r["ttft_ms"]["n"] == requests and 0 < r["ttft_ms"]["p50"] <= r["ttft_ms"]["p90"]
+    # a gap between text chunks per token after the first, fewer where a chunk holds several (UTF-8 pieces)
+    assert 0 < r["itl_ms"]["n"] <= requests * (gen - 1)
+    assert 0 < r["itl_ms"]["p50"] <= r["itl_ms"]["p90"]
+    assert r["sample_body"]["ignore_eos"] is True and r["sample_body"]["max_tokens"] == gen
+
+
+def test_load_and_mixed_against_our_server(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    res = run("--server", "ours", "-m", str(tiny_model), "--scenario", "load,mixed", "--concurrency", "1,2",
+              "--requests", "3", "--prompt", "24", "--gen", "12", "--long", "300,200", "--alone", "4",
+              "--json", str(out), "--", *SERVER_FLAGS)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == ("| server | C | requests | errors | output tok/s | TTFT p50 ms | TTFT p90 ms | ITL p50 ms "
+                        "| ITL p90 ms |")
+    assert [line.split(" | ")[:4] for line in lines[2:4]] == [["| ours", "1", "3", "0"], ["| ours", "2", "3", "0"]]
+    assert lines[5].startswith("| server | C | long prompts | prompt t/s |")
+    assert [line.split(" | ")[:3] for line in lines[7:9]] == [["| ours", "1", "300,200"], ["| ours", "2", "300,200"]]
+
+    report = json.loads(out.read_text())
+    assert {"date", "commit", "hardware", "args", "servers", "runs"} <= report.keys()
+    server, = report["servers"]
+    assert server["name"] == "ours" and server["command"][1:3] == ["-m", "pyllama_so.server"]
+    assert server["info"] == {"n_vocab": 512, "n_slots": 3, "n_ctx_slot": 512}
+    assert [(r["scenario"], r["concurrency"]) for r in report["runs"]] == [
+        ("load", 1), ("mixed", 1), ("load", 2), ("mixed", 2)]
+    for r in report["runs"]:
+        if r["scenario"] == "load":
+            check_load_run(r, r["concurrency"], 3, 24, 12)
+            continue
+        assert MIXED_FIELDS <= r.keys() and r["errors"] == 0, r
+        # each long prompt evaluated whole (no prefix of it in any slot), at the server's own count
+        assert [(p["tokens"], p["prompt_n"], p["ok"]) for p in r["long_prompts"]] == [(300, 300, True), (200, 200, True)]
+        assert all(p["prompt_tps"] > 0 and p["latency_ms"] >= p["prompt_ms"] for p in r["long_prompts"])
+        total_ms = sum(p["prompt_ms"] for p in r["long_prompts"])
+        assert r["prompt_tps"] == pytest.approx(500 / total_ms * 1e3, rel=1e-3)
+        assert r["itl_ms_alone"]["n"] > 0 and r["itl_ms_mixed"]["n"] > 0
+        assert r["stream_requests"] >= r["concurrency"]
+
+
+def test_prompts_differ_from_the_first_token_unless_a_prefix_is_shared() -> None:
+    mod = load_script()
+    p = mod.Prompts(512, 0, seed=3)
+    prompts = [p.make(16) for _ in range(100)]
+    assert all(len(x) == 16 and all(0 < t < 512 for t in x) for x in prompts)
+    assert len({x[0] for x in prompts}) == 100
+    again = mod.Prompts(512, 0, seed=3)
+    assert [again.make(16) for _ in range(100)] == prompts  # every server gets the same prompts
+    shared = mod.Prompts(512, 5, seed=3)
+    prompts = [shared.make(16) for _ in range(50)]
+    assert len({tuple(x[:5]) for x in prompts}) == 1 and len({x[5] for x in prompts}) == 50
+
+
+def test_percentiles_and_the_request_body() -> None:
+    mod = load_script()
+    assert mod.percentile([], 50) is None
+    assert mod.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5 and mod.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 90) == 4.6
+    args = mod.parse_args(["-m", "x.gguf", "--seed", "7", "--field", "repeat_penalty=1.1", "--", "-np", "2"])
+    assert args.server_flags == ["-np", "2"]
+    body = mod.request_body(args, [5, 6], 9, 3)
+    assert body == {"prompt": [5, 6], "max_tokens": 9, "stream": True, "stream_options": {"include_usage": True},
+                    "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "ignore_eos": True, "seed": 10,
+                    "repeat_penalty": 1.1}
+    greedy = mod.request_body(mod.parse_args(["-m", "x.gguf", "--greedy", "--no-ignore-eos"]), [5], 1, 0)
+    assert greedy == {"prompt": [5], "max_tokens": 1, "stream": True, "stream_options": {"include_usage": True},
+                      "temperature": 0.0}
+
+
+@pytest.mark.parametrize("bad", [["--scenario", "soak"], ["--server", "theirs"], ["--concurrency", "0"],
+                                 ["--prompt", "8", "--shared-prefix", "8"], ["--field", "top_k"],
+                                 ["--server", "upstream", "--server-bin", "/nonexistent/llama-server"], []])
+def test_bad_arguments_are_usage_errors(bad: list[str]) -> None:
+    res = run(*(bad if bad == [] else ["-m", "x.gguf", *bad]), timeout=60)
+    assert res.returncode == 2 and "usage:" in res.stderr, res.stderr
+
+
+def test_an_unreachable_url_is_exit_2(tmp_path: Path) -> None:
+    res = run("--url", "http://127.0.0.1:9", "--timeout", "5", "--json", str(tmp_path / "r.json"), timeout=60)
+    assert res.returncode == 2 and "server-load: url:" in res.stderr, res.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["runs"] == []
+
+
+def llama_server() -> Path | None:
+    given = os.environ.get("PYLLAMA_SO_LLAMA_SERVER")
+    return Path(given) if given else load_script().find_llama_server()
+
+
+def test_upstream_llama_server_side_by_side(tiny_model: Path, tmp_path: Path) -> None:
+    """Both servers in one call, with the same model and flags; the same request counts from each."""
+    binary = llama_server()
+    if binary is None:
+        pytest.skip("llama-server not built (-DPYLLAMA_SO_UPSTREAM_SERVER=ON; or PYLLAMA_SO_LLAMA_SERVER=PATH)")
+    out = tmp_path / "both.json"
+    res = run("--server", "ours,upstream", "--server-bin", str(binary), "-m", str(tiny_model), "--concurrency", "2",
+              "--requests", "4", "--prompt", "24", "--gen", "12", "--json", str(out), "--", *SERVER_FLAGS)
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(out.read_text())
+    assert [s["name"] for s in report["servers"]] == ["ours", "upstream"]
+    assert report["servers"][1]["command"][0] == str(binary)
+    assert report["servers"][1]["info"]["n_vocab"] == 512 and report["servers"][1]["info"]["n_slots"] == 3
+    assert [r["server"] for r in report["runs"]] == ["ours", "upstream"]
+    for r in report["runs"]:
+        check_load_run(r, 2, 4, 24, 12)
+    assert [line.split(" | ")[0] for line in res.stdout.splitlines()[2:4]] == ["| ours", "| upstream"]
