@@ -40,7 +40,7 @@ class _LogprobRows:
     """
 
     def __init__(self, llm: Llama, prompt_len: int) -> None:
-        self._piece = lambda tok: llm.detokenize([tok]).decode("utf-8", "ignore")
+        self._piece = lambda tok: llm._text([tok]).decode("utf-8", "ignore")  # the completion text's rule
         self._offset = prompt_len
         self._prompt_len = prompt_len
         self._rows: list[tuple[str, int, float | None, dict[str, float]]] = []
