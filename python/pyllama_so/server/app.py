@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pyllama_so.server import errors
+from pyllama_so.server import embeddings as embedding_routes
 from pyllama_so.server.chat import ChatTemplate
 from pyllama_so.server.engine import Delta, Done, Engine, EngineStopped, Event, Failed, Job, PromptError, QueueFull
 from pyllama_so.server.errors import ApiError
@@ -123,10 +124,12 @@ def _sse(obj: dict[str, Any]) -> dict[str, str]:
 
 
 def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: str | None = None,
-               model_meta: dict[str, Any] | None = None) -> FastAPI:
-    """The FastAPI app serving engine's model as model_id."""
+               model_meta: dict[str, Any] | None = None,
+               embeddings: embedding_routes.EmbeddingService | None = None) -> FastAPI:
+    """The FastAPI app serving engine's model as model_id (embeddings: the --embeddings service)."""
     app = FastAPI(title="pyllama_so", summary="OpenAI-compatible server over llama.cpp")
     errors.install(app)
+    embedding_routes.install(app, embeddings, model_id)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, key=api_key)
     started = int(time.time())
