@@ -17,6 +17,13 @@ from pyllama_so import _llama
 EUCLIDEAN = 2
 
 
+def embedding_sequences(n_batch: int, split_mode: str) -> int:
+    """The inputs one embedding batch may hold (an embedding context's n_seq_max). Under tensor split, one:
+    the Meta backend reads an output tensor only from its start (GGML_ASSERT(offset == 0) in
+    ggml-backend-meta.cpp), and a pooled sequence other than the first of a batch is read at an offset."""
+    return 1 if split_mode == "tensor" else min(n_batch, _llama.max_parallel_sequences())
+
+
 def batch_limit(ctx: _llama.Context) -> int:
     """The most tokens one embedding batch (and so one input) may have in this context."""
     return min(ctx.n_batch, ctx.n_ubatch, ctx.n_ctx)

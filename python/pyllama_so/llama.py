@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from pyllama_so import _llama
 from pyllama_so._llama import ContextFullError, ModelLoadError
-from pyllama_so.embeddings import embed_tokens, normalize as normalize_embedding
+from pyllama_so.embeddings import embed_tokens, embedding_sequences, normalize as normalize_embedding
 from pyllama_so.grammar import LlamaGrammar, grammar_text
 from pyllama_so.logprobs import LogitsProcessor, StoppingCriteria, _LogprobRows
 from pyllama_so.sampling import SamplingParams
@@ -199,7 +199,7 @@ class Llama:
                                  f"through a classifier head); this model pools with {self._model.pooling_type!r}")
             cpus = os.cpu_count() or 1  # llama-cpp-python's defaults: half the CPUs for generation, all for batches
             # embedding: one sequence per input of a batch, all sharing the KV cache (as llama-cpp-python)
-            n_seq = min(n_batch, _llama.max_parallel_sequences()) if embedding else 1
+            n_seq = embedding_sequences(n_batch, mode) if embedding else 1
             self._ctx = _llama.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                        n_threads=n_threads or max(cpus // 2, 1),
                                        n_threads_batch=n_threads_batch or cpus,

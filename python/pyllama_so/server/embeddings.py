@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
 from pyllama_so import _llama
-from pyllama_so.embeddings import EUCLIDEAN, batch_limit, embed_tokens, normalize
+from pyllama_so.embeddings import EUCLIDEAN, batch_limit, embed_tokens, embedding_sequences, normalize
 from pyllama_so.server.errors import ApiError
 
 Prompt = str | list[str] | list[int] | list[list[int]]
@@ -62,7 +62,7 @@ class EmbeddingService:
         if pooling == "rank" and model.pooling_type != "rank":
             raise ValueError(f"--pooling rank needs a reranking model; this one pools with {model.pooling_type!r}")
         n = min(ns.batch_size, ns.ubatch_size)
-        ctx = _llama.Context(model, n_ctx=n, n_batch=n, n_ubatch=n, n_seq_max=min(n, _llama.max_parallel_sequences()),
+        ctx = _llama.Context(model, n_ctx=n, n_batch=n, n_ubatch=n, n_seq_max=embedding_sequences(n, ns.split_mode),
                              n_threads=ns.threads, n_threads_batch=ns.threads, flash_attn=ns.flash_attn,
                              type_k=ns.cache_type_k, type_v=ns.cache_type_v, embeddings=True, pooling_type=pooling,
                              kv_unified=True)
