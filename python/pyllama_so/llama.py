@@ -92,7 +92,7 @@ class Llama:
     work, with pooling_type ("none", "mean", "cls", "last", "rank", or llama.cpp's -1..4; None: the
     model's own, "none" when it has none); an embedding batch is one ubatch, so n_ubatch defaults to
     n_batch then. lora_path applies a LoRA adapter GGUF with lora_scale (lora_base is accepted and unused,
-    as in llama-cpp-python). logits_all=True keeps every evaluated token's logits row in scores /
+    as in llama-cpp-python; not under split_mode="tensor", whose Meta backend cannot split the adapter). logits_all=True keeps every evaluated token's logits row in scores /
     eval_logits (also during generation), as llama-cpp-python.
     """
 
@@ -133,6 +133,7 @@ class Llama:
         verbose: bool = False,
     ) -> None:
         path = Path(os.fspath(model_path))
+        mode = _llama.split_mode_name(split_mode)
         pooling = _llama.pooling_type_name(pooling_type)
         if kv_overrides is not None:
             _llama.check_kv_overrides(kv_overrides)
@@ -143,9 +144,11 @@ class Llama:
             raise ValueError(f"lora_scale must be a finite number, got {lora_scale!r}")
         if vocab_only and lora_path is not None:
             raise ValueError("lora_path needs the model's weights, which vocab_only=True does not load")
+        if lora_path is not None and mode == "tensor":  # ggml's Meta backend has no split for the LoRA tensors
+            raise ValueError('lora_path is not supported with split_mode="tensor": llama.cpp\'s tensor split cannot '
+                             "split a LoRA adapter's tensors (it aborts); use split_mode=\"layer\"")
         if lora_path is not None and not Path(os.fspath(lora_path)).is_file():
             raise FileNotFoundError(f"LoRA adapter not found: {os.fspath(lora_path)}")
-        mode = _llama.split_mode_name(split_mode)
         fa = _llama.flash_attn_name(flash_attn)
         tk, tv = _llama.cache_type_name(type_k, "type_k"), _llama.cache_type_name(type_v, "type_v")
         servers = None if rpc_servers is None else _llama.rpc_endpoints(rpc_servers)
