@@ -63,7 +63,9 @@ def test_tokenize_detokenize_round_trip(tiny_model: Path, text: str) -> None:
         tokens = llm.tokenize(text)
         assert tokens[:1] == [llm.token_bos()]
         assert all(0 <= t < llm.n_vocab() for t in tokens)
-        assert llm.detokenize(tokens).decode("utf-8") == text
+        # llama-cpp-python 0.3.x drops one leading space after a BOS (tests/test_llama_compat.py)
+        assert llm.detokenize(tokens).decode("utf-8") == (text[1:] if text.startswith(" ") else text)
+        assert llm.detokenize(tokens[1:]).decode("utf-8") == text
         assert llm.tokenize(text, add_bos=False) == tokens[1:]
 
 

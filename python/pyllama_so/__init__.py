@@ -20,7 +20,7 @@ from pyllama_so._llama import (
     upstream_version,
 )
 from pyllama_so.grammar import LlamaGrammar
-from pyllama_so.llama import Llama
+from pyllama_so.llama import Llama, LlamaState
 from pyllama_so.logprobs import LogitsProcessorList, StoppingCriteriaList
 from pyllama_so.sampling import SamplingParams
 
@@ -31,6 +31,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 __all__ = [
     "Llama",
+    "LlamaState",
     "LlamaGrammar",
     "LogitsProcessorList",
     "SamplingParams",

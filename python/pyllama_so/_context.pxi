@@ -7,6 +7,11 @@ cdef inline int64_t _now_ns() noexcept nogil:
     return <int64_t> ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
+def max_parallel_sequences():
+    """The most sequences one context may hold (llama.cpp's LLAMA_MAX_SEQ)."""
+    return llama_max_parallel_sequences()
+
+
 cdef class Context:
     """A llama_context on a Model, with one reusable batch. Free with free() (idempotent)."""
 
@@ -32,8 +37,14 @@ cdef class Context:
 
     def __init__(self, Model model, *, int n_ctx=0, int n_batch=2048, int n_ubatch=512, int n_seq_max=1,
                  int n_threads=-1, int n_threads_batch=-1, flash_attn="auto", type_k="f16",
-                 type_v="f16", bint offload_kqv=True, bint op_offload=True, bint split_overlap=False):
+                 type_v="f16", bint offload_kqv=True, bint op_offload=True, bint split_overlap=False,
+                 bint embeddings=False, pooling_type=None, bint kv_unified=False):
+        """embeddings: made for embedding (llama.cpp reserves for it); set_embeddings() turns the output
+        of embeddings on and off between decodes. pooling_type: POOLING_TYPES name or None (the model's).
+        kv_unified: one KV buffer shared by the n_seq_max sequences, so that each may use all of n_ctx."""
         model._check_open()
+        if model.vocab_only:
+            raise ValueError("the model was loaded with vocab_only=True (no weights): it has no context")
         check_batch_sizes(n_batch, n_ubatch)
         cdef llama_context_params p = llama_context_default_params()
         p.n_ctx = n_ctx
@@ -52,6 +63,9 @@ cdef class Context:
         p.offload_kqv = offload_kqv
         p.op_offload = op_offload
         p.split_overlap = split_overlap
+        p.embeddings = embeddings
+        p.pooling_type = POOLING_TYPES[pooling_type_name(pooling_type)]
+        p.kv_unified = kv_unified
         p.no_perf = True
         _take_last_error()
         with nogil:
@@ -64,6 +78,7 @@ cdef class Context:
         self.batch_cap = llama_n_batch(self.ptr)
         self.batch = llama_batch_init(self.batch_cap, 0, 1)
         self.rng = 0x2545F4914F6CDD1DULL
+        self.embeddings = embeddings
         _check_rpc_servers(model.rpc_servers, "creating the context")  # on failure, freed with self
 
     def __dealloc__(self):
@@ -119,6 +134,25 @@ cdef class Context:
         its own part of the KV cache), so n_ctx itself with one sequence."""
         self._check_open()
         return llama_n_ctx_seq(self.ptr)
+
+    @property
+    def pooling_type(self):
+        """The pooling llama.cpp uses in this context (a POOLING_TYPES name; the model's unless asked)."""
+        self._check_open()
+        return pooling_type_name(<int> llama_get_pooling_type(self.ptr))
+
+    @property
+    def has_memory(self):
+        """Whether the context keeps a KV cache (or recurrent state). Embedding-only architectures (BERT
+        and its kin) have none: llama.cpp encodes each batch on its own, so they cannot generate."""
+        self._check_open()
+        return llama_get_memory(self.ptr) != NULL
+
+    def set_embeddings(self, bint on):
+        """Output embeddings (every token of a batch becomes an output) or not, from the next decode on."""
+        self._check_open()
+        llama_set_embeddings(self.ptr, on)
+        self.embeddings = on
 
     def n_past(self, int seq_id=0):
         """Tokens held in the KV cache for a sequence."""

@@ -5,7 +5,7 @@
 
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
-from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef extern from "ggml.h" nogil:
@@ -152,6 +152,33 @@ cdef extern from "llama.h" nogil:
         LLAMA_FTYPE_MOSTLY_IQ4_NL
         LLAMA_FTYPE_MOSTLY_IQ4_XS
 
+    # the model's default pooling, or the one a context asks for (embeddings)
+    enum llama_pooling_type_e "llama_pooling_type":  # the C name is also the getter's
+        LLAMA_POOLING_TYPE_UNSPECIFIED
+        LLAMA_POOLING_TYPE_NONE
+        LLAMA_POOLING_TYPE_MEAN
+        LLAMA_POOLING_TYPE_CLS
+        LLAMA_POOLING_TYPE_LAST
+        LLAMA_POOLING_TYPE_RANK
+
+    enum llama_model_kv_override_type:
+        LLAMA_KV_OVERRIDE_TYPE_INT
+        LLAMA_KV_OVERRIDE_TYPE_FLOAT
+        LLAMA_KV_OVERRIDE_TYPE_BOOL
+        LLAMA_KV_OVERRIDE_TYPE_STR
+
+    # the value fields are an anonymous union in llama.h
+    struct llama_model_kv_override:
+        llama_model_kv_override_type tag
+        char key[128]
+        int64_t val_i64
+        double val_f64
+        cbool val_bool
+        char val_str[128]
+
+    struct llama_adapter_lora:
+        pass
+
     ctypedef cbool (*llama_progress_callback)(float progress, void * user_data) noexcept nogil
     ctypedef void (*llama_model_set_tensor_data_t)(ggml_tensor * tensor, void * userdata) noexcept nogil
 
@@ -178,6 +205,7 @@ cdef extern from "llama.h" nogil:
         const float * attn_split  # pyllama_so (patches/0006-*)
         llama_progress_callback progress_callback
         void * progress_callback_user_data
+        const llama_model_kv_override * kv_overrides
         bint vocab_only
         bint check_tensors
 
@@ -188,6 +216,7 @@ cdef extern from "llama.h" nogil:
         uint32_t n_seq_max
         int32_t n_threads
         int32_t n_threads_batch
+        llama_pooling_type_e pooling_type
         llama_flash_attn_type flash_attn_type
         ggml_type type_k
         ggml_type type_v
@@ -195,6 +224,7 @@ cdef extern from "llama.h" nogil:
         bint offload_kqv
         bint no_perf
         bint op_offload
+        bint kv_unified
         bint split_overlap
 
     ctypedef struct llama_model_quantize_params:
@@ -208,6 +238,7 @@ cdef extern from "llama.h" nogil:
     void llama_log_set(ggml_log_callback log_callback, void * user_data)
     const char * llama_print_system_info()
     size_t llama_max_devices()
+    size_t llama_max_parallel_sequences()
     bint llama_supports_gpu_offload()
 
     llama_model * llama_model_load_from_file(const char * path_model, llama_model_params params)
@@ -224,11 +255,18 @@ cdef extern from "llama.h" nogil:
     const llama_vocab * llama_model_get_vocab(const llama_model * model)
     int32_t llama_model_n_ctx_train(const llama_model * model)
     int32_t llama_model_n_embd(const llama_model * model)
+    int32_t llama_model_n_embd_out(const llama_model * model)
+    uint32_t llama_model_n_cls_out(const llama_model * model)
+    bint llama_model_has_encoder(const llama_model * model)
+    bint llama_model_has_decoder(const llama_model * model)
     int32_t llama_model_n_layer(const llama_model * model)
     int32_t llama_model_desc(const llama_model * model, char * buf, size_t buf_size)
     uint64_t llama_model_size(const llama_model * model)
     uint64_t llama_model_n_params(const llama_model * model)
     int32_t llama_model_meta_val_str(const llama_model * model, const char * key, char * buf, size_t buf_size)
+    int32_t llama_model_meta_count(const llama_model * model)
+    int32_t llama_model_meta_key_by_index(const llama_model * model, int32_t i, char * buf, size_t buf_size)
+    int32_t llama_model_meta_val_str_by_index(const llama_model * model, int32_t i, char * buf, size_t buf_size)
     const char * llama_model_chat_template(const llama_model * model, const char * name)
     int32_t llama_chat_apply_template(const char * tmpl, const llama_chat_message * chat, size_t n_msg, cbool add_ass,
                                       char * buf, int32_t length)
@@ -253,6 +291,21 @@ cdef extern from "llama.h" nogil:
     void llama_set_n_threads(llama_context * ctx, int32_t n_threads, int32_t n_threads_batch)
     void llama_synchronize(llama_context * ctx)
     float * llama_get_logits_ith(llama_context * ctx, int32_t i)
+    llama_pooling_type_e llama_get_pooling_type "llama_pooling_type"(const llama_context * ctx)
+    void llama_set_embeddings(llama_context * ctx, bint embeddings)
+    float * llama_get_embeddings_ith(llama_context * ctx, int32_t i)
+    float * llama_get_embeddings_seq(llama_context * ctx, llama_seq_id seq_id)
+
+    size_t llama_state_get_size(llama_context * ctx)
+    size_t llama_state_get_data(llama_context * ctx, uint8_t * dst, size_t size)
+    size_t llama_state_set_data(llama_context * ctx, const uint8_t * src, size_t size)
+
+    llama_adapter_lora * llama_adapter_lora_init(llama_model * model, const char * path_lora)
+    void llama_adapter_lora_free(llama_adapter_lora * adapter)
+    int32_t llama_adapter_meta_val_str(const llama_adapter_lora * adapter, const char * key, char * buf,
+                                       size_t buf_size)
+    int32_t llama_set_adapters_lora(llama_context * ctx, llama_adapter_lora ** adapters, size_t n_adapters,
+                                    float * scales)
 
     struct llama_perf_context_data:
         int32_t n_reused
@@ -261,6 +314,7 @@ cdef extern from "llama.h" nogil:
     int32_t llama_vocab_n_tokens(const llama_vocab * vocab)
     llama_token llama_vocab_bos(const llama_vocab * vocab)
     llama_token llama_vocab_eos(const llama_vocab * vocab)
+    llama_token llama_vocab_nl(const llama_vocab * vocab)
     bint llama_vocab_is_eog(const llama_vocab * vocab, llama_token token)
     bint llama_vocab_get_add_bos(const llama_vocab * vocab)
     int32_t llama_tokenize(const llama_vocab * vocab, const char * text, int32_t text_len, llama_token * tokens,
@@ -373,6 +427,8 @@ cdef class Model:
     cdef int live_contexts
     cdef readonly object path
     cdef readonly tuple rpc_servers  # the RPC servers whose devices it uses ("host:port")
+    cdef readonly bint vocab_only     # loaded without weights: tokenizer only
+    cdef readonly dict kv_overrides   # the metadata overrides it was loaded with (key -> value)
 
     @staticmethod
     cdef llama_model_params _params(int n_gpu_layers, object split_mode, int main_gpu, float * split_buf,
@@ -394,6 +450,7 @@ cdef class Context:
     cdef int32_t n_last_outputs
     cdef uint64_t rng
     cdef dict backend_samplers  # seq_id -> Sampler attached with set_backend_sampler (kept alive here)
+    cdef readonly bint embeddings  # decodes output embeddings (set_embeddings)
 
     cdef void _fill_batch(self, const int32_t[::1] toks, int32_t start, int32_t n, llama_pos pos0,
                           int32_t seq_id, bint all_logits, int32_t last)
@@ -419,3 +476,9 @@ cdef class Sampler:
     cdef _add(self, llama_sampler * member)
     cdef llama_token _sample(self, llama_context * ctx, int32_t idx) noexcept nogil
     cdef void _check_open(self) except *
+
+
+cdef class LoraAdapter:
+    cdef llama_adapter_lora * ptr
+    cdef readonly Model model
+    cdef readonly str path

@@ -6,14 +6,15 @@ codes of the C API are turned into Python exceptions in one place: _check_decode
 _check_quantize() (_errors.pxi).
 
 One .pxi per concept, included below in dependency order: errors and logging, devices, parameter rules,
-quantization, chat templates, RPC, model, context and batch, grammar, sampler, AllReduce. Bounds and wraparound checks are
+quantization, chat templates, RPC, model, context and batch, embeddings, state, LoRA adapters, grammar,
+sampler, AllReduce. Bounds and wraparound checks are
 on, except on the per-token loops that turn them off themselves (with a comment saying why).
 """
 
 cimport cython
 
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport malloc, free, calloc
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport malloc, free, calloc, realloc
 from libc.string cimport memcpy, memset, strlen, strncat
 from libc.stdio cimport fputs, fflush, stderr
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
@@ -31,6 +32,8 @@ __all__ = [
     "QuantizeError", "FTYPES", "quantize_model", "chat_apply_template", "chat_builtin_templates",
     "RPCConnectionError", "rpc_supported", "rpc_endpoints", "rpc_devices", "probe_rpc_server",
     "Sampler", "MAX_LOGPROBS", "check_logprobs", "check_grammar", "json_schema_to_grammar",
+    "POOLING_TYPES", "pooling_type_name", "check_kv_overrides", "embed_sequences",
+    "context_state", "set_context_state", "LoraAdapter", "set_lora_adapters", "max_parallel_sequences",
 ]
 
 
@@ -46,6 +49,9 @@ include "_chat.pxi"
 include "_rpc.pxi"
 include "_model.pxi"
 include "_context.pxi"
+include "_embeddings.pxi"
+include "_state.pxi"
+include "_lora.pxi"
 include "_grammar.pxi"
 include "_sampler.pxi"
 include "_allreduce.pxi"

@@ -15,6 +15,33 @@ cdef cbool _python_progress(float progress, void * user_data) noexcept nogil:
             return False
 
 
+cdef llama_model_kv_override * _kv_override_array(list items) except NULL:
+    """The C array of check_kv_overrides' items, terminated by an entry with an empty key (free it after
+    the load: llama.cpp copies the overrides while loading)."""
+    cdef llama_model_kv_override * arr = <llama_model_kv_override *> calloc(len(items) + 1,
+                                                                          sizeof(llama_model_kv_override))
+    cdef bytes bkey, bval
+    if arr == NULL:
+        raise MemoryError()
+    for i, (key, kind, value) in enumerate(items):
+        bkey = key.encode()
+        strncpy(arr[i].key, bkey, sizeof(arr[i].key) - 1)
+        if kind == "bool":
+            arr[i].tag = LLAMA_KV_OVERRIDE_TYPE_BOOL
+            arr[i].val_bool = value
+        elif kind == "int":
+            arr[i].tag = LLAMA_KV_OVERRIDE_TYPE_INT
+            arr[i].val_i64 = value
+        elif kind == "float":
+            arr[i].tag = LLAMA_KV_OVERRIDE_TYPE_FLOAT
+            arr[i].val_f64 = value
+        else:
+            bval = value.encode()
+            arr[i].tag = LLAMA_KV_OVERRIDE_TYPE_STR
+            strncpy(arr[i].val_str, bval, sizeof(arr[i].val_str) - 1)
+    return arr
+
+
 cdef class Model:
     """A loaded llama_model. Free it with free() (idempotent) after every Context on it is freed."""
 
@@ -49,14 +76,20 @@ cdef class Model:
 
     @staticmethod
     def load(path, *, int n_gpu_layers=-1, split_mode="layer", int main_gpu=0, tensor_split=None,
-             bint use_mmap=True, progress=None, attn_split=None, rpc_servers=None):
+             bint use_mmap=True, progress=None, attn_split=None, rpc_servers=None, bint vocab_only=False,
+             kv_overrides=None):
         """Load a GGUF file. Raises ModelLoadError for a file llama.cpp cannot load (Llama checks that it exists).
         attn_split (split_mode "tensor" only): the attention heads' and KV cache's proportions per device.
         rpc_servers ("host:port" list or comma-separated string): the devices of these RPC servers come
         first, then the local ones (tensor_split and main_gpu count them in that order); RPCConnectionError
-        for a server that cannot be reached."""
+        for a server that cannot be reached. vocab_only: the vocabulary and metadata without the weights
+        (tokenizing only; no Context can be made on it). kv_overrides: GGUF metadata key -> bool/int/float/str
+        replacing the file's values while loading (check_kv_overrides; a value of the wrong type for its key
+        is ignored by llama.cpp with a warning)."""
+        overrides = check_kv_overrides(kv_overrides) if kv_overrides is not None else []
         cdef float * split_buf = <float *> calloc(llama_max_devices(), sizeof(float))
         cdef float * attn_buf = <float *> calloc(llama_max_devices(), sizeof(float))
+        cdef llama_model_kv_override * kvo = NULL
         cdef llama_model_params p
         cdef vector[ggml_backend_dev_t] devs
         cdef Model model
@@ -75,8 +108,13 @@ cdef class Model:
             if progress is not None:
                 p.progress_callback = _python_progress
                 p.progress_callback_user_data = <void *> progress_state
+            p.vocab_only = vocab_only
+            if overrides:
+                kvo = _kv_override_array(overrides)
+                p.kv_overrides = kvo
             model = Model._load(path, p)
             model.rpc_servers = tuple(endpoints)
+            model.kv_overrides = {k: v for k, _, v in overrides}
             try:
                 _check_rpc_servers(model.rpc_servers, "loading the model")
             except BaseException:
@@ -95,6 +133,7 @@ cdef class Model:
         finally:
             free(split_buf)
             free(attn_buf)
+            free(kvo)
 
     @staticmethod
     cdef Model _load(path, llama_model_params p):
@@ -109,6 +148,7 @@ cdef class Model:
         self.vocab = llama_model_get_vocab(self.ptr)
         self.path = str(path)
         self.rpc_servers = ()
+        self.vocab_only = p.vocab_only
         return self
 
     @staticmethod
@@ -176,12 +216,84 @@ cdef class Model:
         llama_model_desc(self.ptr, buf, sizeof(buf))
         return (<bytes> buf).decode("utf-8", "replace")
 
-    def meta(self, str key):
-        """A metadata value as a string, or None."""
-        cdef char buf[1024]
+    @property
+    def n_embd_out(self):
+        """Width of an output embedding (n_embd for most models)."""
         self._check_open()
-        n = llama_model_meta_val_str(self.ptr, key.encode(), buf, sizeof(buf))
-        return None if n < 0 else (<bytes> buf).decode("utf-8", "replace")
+        return llama_model_n_embd_out(self.ptr)
+
+    @property
+    def n_cls_out(self):
+        """Outputs of a reranking model's classifier head (what pooling "rank" gives per sequence)."""
+        self._check_open()
+        return llama_model_n_cls_out(self.ptr)
+
+    @property
+    def has_encoder(self):
+        self._check_open()
+        return llama_model_has_encoder(self.ptr)
+
+    @property
+    def has_decoder(self):
+        self._check_open()
+        return llama_model_has_decoder(self.ptr)
+
+    @property
+    def pooling_type(self):
+        """The model's own pooling for embeddings ("<arch>.pooling_type", from kv_overrides when one gives
+        it an int as llama.cpp takes it): a POOLING_TYPES name, or "unspecified" when there is none
+        (llama.cpp then pools with "none")."""
+        key = f"{self.meta('general.architecture')}.pooling_type"
+        value = (self.kv_overrides or {}).get(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            value = self.meta(key)
+        if value is None:
+            return "unspecified"
+        try:
+            return pooling_type_name(int(value))
+        except ValueError:
+            return "unspecified"  # a value llama.cpp does not know either
+
+    def meta(self, str key):
+        """A metadata value as a string, or None (arrays are not available, as in llama.cpp's API)."""
+        self._check_open()
+        cdef bytes bkey = key.encode()
+        cdef int32_t n = llama_model_meta_val_str(self.ptr, bkey, NULL, 0)
+        if n < 0:
+            return None
+        cdef char * buf = <char *> malloc(n + 1)
+        try:
+            llama_model_meta_val_str(self.ptr, bkey, buf, n + 1)
+            return PyBytes_FromStringAndSize(buf, n).decode("utf-8", "replace")
+        finally:
+            free(buf)
+
+    def metadata(self):
+        """Every scalar GGUF metadata key -> its value as a string (llama_model_meta_*_by_index), as
+        llama-cpp-python's Llama.metadata. Arrays (the vocabulary, ...) are left out by llama.cpp."""
+        self._check_open()
+        out = {}
+        cdef int32_t i, n
+        cdef char * buf = NULL
+        for i in range(llama_model_meta_count(self.ptr)):
+            pair = []
+            for by_index in (0, 1):
+                n = (llama_model_meta_key_by_index(self.ptr, i, NULL, 0) if by_index == 0
+                     else llama_model_meta_val_str_by_index(self.ptr, i, NULL, 0))
+                if n < 0:
+                    break
+                buf = <char *> malloc(n + 1)
+                try:
+                    if by_index == 0:
+                        llama_model_meta_key_by_index(self.ptr, i, buf, n + 1)
+                    else:
+                        llama_model_meta_val_str_by_index(self.ptr, i, buf, n + 1)
+                    pair.append(PyBytes_FromStringAndSize(buf, n).decode("utf-8", "replace"))
+                finally:
+                    free(buf)
+            if len(pair) == 2:
+                out[pair[0]] = pair[1]
+        return out
 
     def chat_template(self, name=None):
         """The model's chat template (tokenizer.chat_template, or the named variant), or None."""
@@ -204,6 +316,11 @@ cdef class Model:
     def token_eos(self):
         self._check_open()
         return llama_vocab_eos(self.vocab)
+
+    @property
+    def token_nl(self):
+        self._check_open()
+        return llama_vocab_nl(self.vocab)
 
     @property
     def add_bos(self):
@@ -256,6 +373,33 @@ cdef class Model:
             return PyBytes_FromStringAndSize(buf, n)
         finally:
             free(buf)
+
+    def detokenize_pieces(self, tokens, *, bint special=False):
+        """The tokens' pieces (llama_token_to_piece, no space stripped) joined, as llama-cpp-python
+        detokenizes; llama_detokenize (detokenize_bytes) instead drops a SentencePiece model's leading
+        space and cleans spaces up as the model's tokenizer says."""
+        self._check_open()
+        cdef int32_t[::1] toks = self._tokens(tokens)
+        cdef Py_ssize_t n_tok = toks.shape[0], i
+        cdef int32_t cap = 256, n
+        cdef char * buf = <char *> malloc(cap)
+        cdef char * grown
+        parts = []
+        try:
+            for i in range(n_tok):
+                n = llama_token_to_piece(self.vocab, toks[i], buf, cap, 0, special)
+                if n < 0:
+                    grown = <char *> realloc(buf, -n)
+                    if grown == NULL:
+                        raise MemoryError()
+                    buf, cap = grown, -n
+                    n = llama_token_to_piece(self.vocab, toks[i], buf, cap, 0, special)
+                if n < 0:
+                    raise LlamaError(f"token {toks[i]}: no piece")
+                parts.append(PyBytes_FromStringAndSize(buf, n))
+        finally:
+            free(buf)
+        return b"".join(parts)
 
     def token_to_piece(self, int token, *, bint special=False):
         cdef char buf[256]

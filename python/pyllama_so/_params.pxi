@@ -97,3 +97,61 @@ def default_n_ubatch(n_batch, split_overlap):
     if split_overlap:
         return min(n_batch, max(64, n_batch // 2))
     return min(n_batch, 512)
+
+
+# llama.cpp's pooling types for embeddings; "unspecified" (None) keeps the model's own
+POOLING_TYPES = {"unspecified": LLAMA_POOLING_TYPE_UNSPECIFIED, "none": LLAMA_POOLING_TYPE_NONE,
+                 "mean": LLAMA_POOLING_TYPE_MEAN, "cls": LLAMA_POOLING_TYPE_CLS, "last": LLAMA_POOLING_TYPE_LAST,
+                 "rank": LLAMA_POOLING_TYPE_RANK}
+_POOLING_NAMES = {v: k for k, v in POOLING_TYPES.items()}
+
+
+def pooling_type_name(value):
+    """A pooling type as its name: a name ("none", "mean", "cls", "last", "rank", "unspecified"), None
+    ("unspecified": the model's default) or llama.cpp's enum value (-1..4, llama-cpp-python's constants)."""
+    if value is None:
+        return "unspecified"
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f"pooling_type must be a name or an int, not {type(value).__name__}")
+    if isinstance(value, int):
+        if value not in _POOLING_NAMES:
+            raise ValueError(f"unknown pooling_type {value}; expected -1..4 or one of {list(POOLING_TYPES)}")
+        return _POOLING_NAMES[value]
+    if value.lower() not in POOLING_TYPES:
+        raise ValueError(f"unknown pooling_type {value!r}; expected one of {list(POOLING_TYPES)}")
+    return value.lower()
+
+
+# llama_model_kv_override's key and string value are char[128], NUL included
+KV_OVERRIDE_MAX_BYTES = 127
+
+
+def check_kv_overrides(kv_overrides):
+    """kv_overrides (GGUF metadata key -> bool, int, float or str, as llama-cpp-python's) as a list of
+    (key, kind, value) with kind one of "bool", "int", "float", "str". Keys and strings are at most 127
+    UTF-8 bytes; ints fit int64."""
+    if not isinstance(kv_overrides, dict):
+        raise TypeError(f"kv_overrides must be a dict of str to bool/int/float/str, not {type(kv_overrides).__name__}")
+    out = []
+    for key, value in kv_overrides.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"kv_overrides: keys must be non-empty strings, got {key!r}")
+        if len(key.encode()) > KV_OVERRIDE_MAX_BYTES:
+            raise ValueError(f"kv_overrides: key {key!r} is longer than {KV_OVERRIDE_MAX_BYTES} bytes")
+        if isinstance(value, bool):
+            kind = "bool"
+        elif isinstance(value, int):
+            if not -2**63 <= value < 2**63:
+                raise ValueError(f"kv_overrides[{key!r}]: {value} does not fit a 64-bit integer")
+            kind = "int"
+        elif isinstance(value, float):
+            kind = "float"
+        elif isinstance(value, str):
+            if len(value.encode()) > KV_OVERRIDE_MAX_BYTES:
+                raise ValueError(f"kv_overrides[{key!r}]: the string is longer than {KV_OVERRIDE_MAX_BYTES} bytes")
+            kind = "str"
+        else:
+            raise ValueError(f"kv_overrides[{key!r}]: unsupported value type {type(value).__name__} "
+                             "(expected bool, int, float or str)")
+        out.append((key, kind, value))
+    return out

@@ -6,20 +6,24 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
 import warnings
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from pyllama_so import _llama, chat_completion
 from pyllama_so import chat_template as templates
 from pyllama_so._llama import ContextFullError, ModelLoadError
 from pyllama_so.chat_template import ChatTemplate
+from pyllama_so.embeddings import embed_tokens, embedding_sequences, normalize as normalize_embedding
 from pyllama_so.grammar import LlamaGrammar, grammar_text, resolve_grammar
 from pyllama_so.logprobs import LogitsProcessor, LogprobRows, StoppingCriteria, completion_logprobs
 from pyllama_so.sampling import SamplingParams
@@ -53,6 +57,22 @@ def _constraint(grammar: str | LlamaGrammar | None, response_format: dict[str, A
     """The grammar a call's grammar= or response_format= asks for (a GrammarError for both, or a bad one)."""
     text, root = resolve_grammar(grammar, response_format)
     return None if text is None else LlamaGrammar(text, root)
+class LlamaState:
+    """A snapshot of a Llama (save_state / load_state), with llama-cpp-python's attributes: the tokens held
+    (input_ids, n_tokens), their logits rows when the Llama keeps them (scores, logits_all=True; else 0
+    rows), llama.cpp's context state (llama_state, llama_state_size bytes: KV cache, last logits) and the
+    seed. rng_state is the Llama's random generator, so that sampling goes on exactly as after the save."""
+
+    def __init__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single], n_tokens: int,
+                 llama_state: bytes, llama_state_size: int, seed: int | None,
+                 rng_state: dict[str, Any] | None = None) -> None:
+        self.input_ids = input_ids
+        self.scores = scores
+        self.n_tokens = n_tokens
+        self.llama_state = llama_state
+        self.llama_state_size = llama_state_size
+        self.seed = seed
+        self.rng_state = rng_state
 
 
 class Llama:
@@ -95,11 +115,20 @@ class Llama:
     "chat_template.NAME" (the model's tokenizer.chat_template.NAME). chat_template is a Jinja template text,
     or a name as chat_format. A template given here is checked at once (ValueError); the model's own is
     compiled at the first chat.
+    As llama-cpp-python's Llama: vocab_only=True loads the vocabulary and metadata only (tokenize,
+    detokenize, metadata; eval, generation and embeddings raise). kv_overrides replaces GGUF metadata
+    values while loading (key -> bool/int/float/str). embedding=True makes embed() / create_embedding()
+    work, with pooling_type ("none", "mean", "cls", "last", "rank", or llama.cpp's -1..4; None: the
+    model's own, "none" when it has none); an embedding batch is one ubatch, so n_ubatch defaults to
+    n_batch then. lora_path applies a LoRA adapter GGUF with lora_scale (lora_base is accepted and unused,
+    as in llama-cpp-python; not under split_mode="tensor", whose Meta backend cannot split the adapter). logits_all=True keeps every evaluated token's logits row in scores /
+    eval_logits (also during generation), as llama-cpp-python.
     """
 
     # defaults for close() and __del__ when __init__ never ran (a misspelled keyword)
     _model: _llama.Model | None = None
     _ctx: _llama.Context | None = None
+    _lora: _llama.LoraAdapter | None = None
 
     def __init__(
         self,
@@ -125,10 +154,33 @@ class Llama:
         seed: int | None = None,
         chat_format: str | None = None,
         chat_template: str | None = None,
+        vocab_only: bool = False,
+        kv_overrides: dict[str, bool | int | float | str] | None = None,
+        embedding: bool = False,
+        pooling_type: str | int | None = None,
+        logits_all: bool = False,
+        lora_path: str | os.PathLike[str] | None = None,
+        lora_scale: float = 1.0,
+        lora_base: str | None = None,
         verbose: bool = False,
     ) -> None:
         path = Path(os.fspath(model_path))
         mode = _llama.split_mode_name(split_mode)
+        pooling = _llama.pooling_type_name(pooling_type)
+        if kv_overrides is not None:
+            _llama.check_kv_overrides(kv_overrides)
+        for name, flag in (("vocab_only", vocab_only), ("embedding", embedding), ("logits_all", logits_all)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool")
+        if isinstance(lora_scale, bool) or not isinstance(lora_scale, (int, float)) or not math.isfinite(lora_scale):
+            raise ValueError(f"lora_scale must be a finite number, got {lora_scale!r}")
+        if vocab_only and lora_path is not None:
+            raise ValueError("lora_path needs the model's weights, which vocab_only=True does not load")
+        if lora_path is not None and mode == "tensor":  # ggml's Meta backend has no split for the LoRA tensors
+            raise ValueError('lora_path is not supported with split_mode="tensor": llama.cpp\'s tensor split cannot '
+                             "split a LoRA adapter's tensors (it aborts); use split_mode=\"layer\"")
+        if lora_path is not None and not Path(os.fspath(lora_path)).is_file():
+            raise FileNotFoundError(f"LoRA adapter not found: {os.fspath(lora_path)}")
         fa = _llama.flash_attn_name(flash_attn)
         tk, tv = _llama.cache_type_name(type_k, "type_k"), _llama.cache_type_name(type_v, "type_v")
         servers = None if rpc_servers is None else _llama.rpc_endpoints(rpc_servers)
@@ -141,8 +193,8 @@ class Llama:
         attn = None if attn_split is None else _llama.check_attn_split(attn_split, n_devices)
         if n_ctx < 0:
             raise ValueError(f"n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
-        if n_ubatch is None:
-            n_ubatch = _llama.default_n_ubatch(n_batch, split_overlap)
+        if n_ubatch is None:  # an embedding batch must be one ubatch: llama.cpp pools each ubatch alone
+            n_ubatch = n_batch if embedding else _llama.default_n_ubatch(n_batch, split_overlap)
         _llama.check_batch_sizes(n_batch, n_ubatch)
         n_gpus = _llama.gpu_device_count()
         if n_gpus and servers is None and not 0 <= main_gpu < n_gpus:
@@ -164,23 +216,46 @@ class Llama:
         if not isinstance(backend_sampling, bool):
             raise TypeError("backend_sampling must be a bool")
         self.backend_sampling = backend_sampling
+        self.vocab_only = vocab_only
+        self.kv_overrides = kv_overrides
+        self.embedding = embedding
+        self.lora_path = None if lora_path is None else os.fspath(lora_path)
+        self.lora_scale = float(lora_scale)
+        self.lora_base = lora_base
+        self._logits_all = logits_all
+        self._seed_value = seed
         self._rng = np.random.default_rng(seed)
         self._tokens: list[int] = []  # what the KV cache holds, in order
+        self._scores: np.ndarray | None = None  # logits_all: (n_ctx, n_vocab), rows [0, n_tokens) valid
         _llama.set_verbose(verbose)
 
         self._model = _llama.Model.load(path, n_gpu_layers=n_gpu_layers, split_mode=mode, main_gpu=main_gpu,
                                         tensor_split=split, use_mmap=use_mmap, attn_split=attn,
-                                        rpc_servers=servers)
+                                        rpc_servers=servers, vocab_only=vocab_only, kv_overrides=kv_overrides)
+        self.metadata: dict[str, str] = self._model.metadata()
+        if vocab_only:
+            return
         try:
             if chat_format is not None:  # before the context, whose KV cache may take long to allocate
                 self._chat = templates.from_spec(self._model, chat_format, name="chat_format=")
             elif chat_template is not None:
                 self._chat = templates.from_spec(self._model, chat_template, name="chat_template=")
+            if embedding and pooling == "rank" and self._model.pooling_type != "rank":
+                raise ValueError('pooling_type="rank" needs a reranking model (one whose GGUF pools with "rank" '
+                                 f"through a classifier head); this model pools with {self._model.pooling_type!r}")
             cpus = os.cpu_count() or 1  # llama-cpp-python's defaults: half the CPUs for generation, all for batches
+            # embedding: one sequence per input of a batch, all sharing the KV cache (as llama-cpp-python)
+            n_seq = embedding_sequences(n_batch, mode) if embedding else 1
             self._ctx = _llama.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                        n_threads=n_threads or max(cpus // 2, 1),
                                        n_threads_batch=n_threads_batch or cpus,
-                                       flash_attn=fa, type_k=tk, type_v=tv, split_overlap=split_overlap)
+                                       flash_attn=fa, type_k=tk, type_v=tv, split_overlap=split_overlap,
+                                       embeddings=embedding, pooling_type=pooling, n_seq_max=n_seq,
+                                       kv_unified=embedding)
+            self._ctx.set_embeddings(False)  # generation outputs logits only; embed() turns embeddings on
+            if self.lora_path is not None:
+                self._lora = _llama.LoraAdapter(self._model, self.lora_path)
+                _llama.set_lora_adapters(self._ctx, [(self._lora, self.lora_scale)])
         except BaseException:
             self.close()
             raise
@@ -195,10 +270,13 @@ class Llama:
     # -- lifetime --
 
     def close(self) -> None:
-        """Free the context, then the model. Idempotent."""
+        """Free the context, then the LoRA adapter and the model. Idempotent."""
         if self._ctx is not None:
             self._ctx.free()
             self._ctx = None
+        if self._lora is not None:
+            self._lora.free()
+            self._lora = None
         if self._model is not None:
             self._model.free()
             self._model = None
@@ -214,12 +292,26 @@ class Llama:
 
     @property
     def closed(self) -> bool:
-        return self._ctx is None
+        return self._model is None
+
+    def _model_part(self) -> _llama.Model:
+        if self._model is None:
+            raise ValueError("this Llama is closed")
+        return self._model
 
     def _parts(self) -> tuple[_llama.Model, _llama.Context]:
-        if self._model is None or self._ctx is None:
-            raise ValueError("this Llama is closed")
-        return self._model, self._ctx
+        model = self._model_part()
+        if self._ctx is None:
+            raise RuntimeError("this Llama was loaded with vocab_only=True: it has the vocabulary and metadata "
+                               "but no weights, so only tokenize, detokenize and metadata work")
+        return model, self._ctx
+
+    def _generative(self) -> tuple[_llama.Model, _llama.Context]:
+        model, ctx = self._parts()
+        if not ctx.has_memory:
+            raise RuntimeError(f"this model ({model.meta('general.architecture')}) keeps no KV cache: an "
+                               "embedding-only architecture cannot evaluate or generate; use embed()")
+        return model, ctx
 
     # -- model facts --
 
@@ -227,21 +319,77 @@ class Llama:
         return self._parts()[1].n_ctx
 
     def n_vocab(self) -> int:
-        return self._parts()[0].n_vocab
+        return self._model_part().n_vocab
 
     def n_embd(self) -> int:
-        return self._parts()[0].n_embd
+        return self._model_part().n_embd
 
     def token_bos(self) -> int:
-        return self._parts()[0].token_bos
+        return self._model_part().token_bos
 
     def token_eos(self) -> int:
-        return self._parts()[0].token_eos
+        return self._model_part().token_eos
+
+    def token_nl(self) -> int:
+        return self._model_part().token_nl
+
+    def pooling_type(self) -> int:
+        """llama.cpp's pooling type of the context (LLAMA_POOLING_TYPE_*: 0 none, 1 mean, 2 cls, 3 last,
+        4 rank), an int as llama-cpp-python's pooling_type()."""
+        return int(_llama.POOLING_TYPES[self._parts()[1].pooling_type])
 
     @property
     def n_tokens(self) -> int:
-        """Tokens currently held in the context."""
+        """Tokens currently held in the context. Setting a smaller number drops the tokens after it (as
+        llama-cpp-python's `llm.n_tokens = k` before an eval)."""
         return len(self._tokens)
+
+    @n_tokens.setter
+    def n_tokens(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= len(self._tokens):
+            raise ValueError(f"n_tokens must be an int in [0, {len(self._tokens)}] (the tokens held), got {value!r}")
+        if value == len(self._tokens):
+            return
+        _, ctx = self._parts()
+        try:
+            ctx.truncate(int(value))
+            del self._tokens[int(value):]
+        except _llama.LlamaError:  # memories that cannot drop a suffix start over
+            self.reset()
+            raise ValueError(f"this model's memory cannot keep only the first {value} tokens: the context "
+                             "was cleared") from None
+
+    @property
+    def input_ids(self) -> npt.NDArray[np.intc]:
+        """The tokens held in the context (n_tokens of them), as llama-cpp-python's input_ids[:n_tokens]."""
+        return np.array(self._tokens, dtype=np.intc)
+
+    @property
+    def eval_tokens(self) -> deque[int]:
+        return deque(self._tokens, maxlen=self.n_ctx())
+
+    def _scores_rows(self) -> np.ndarray:
+        if not self._logits_all:
+            raise RuntimeError("the logits of evaluated tokens are kept only with Llama(logits_all=True)")
+        if self._scores is None:  # np.empty: the OS commits pages as rows are written
+            self._scores = np.empty((self.n_ctx(), self.n_vocab()), dtype=np.single)
+        return self._scores
+
+    @property
+    def scores(self) -> npt.NDArray[np.single]:
+        """logits_all=True: the logits rows of the context's positions, shape (n_ctx, n_vocab); rows
+        [0, n_tokens) are those of the tokens held (as llama-cpp-python's scores)."""
+        return self._scores_rows()
+
+    @property
+    def eval_logits(self) -> deque[list[float]]:
+        """logits_all=True: the logits row of each token held, as lists (llama-cpp-python's eval_logits)."""
+        return deque(self._scores_rows()[: len(self._tokens)].tolist(), maxlen=self.n_ctx())
+
+    def _keep_rows(self, start: int, rows: np.ndarray) -> None:
+        """logits_all: store the logits rows of positions start, start + 1, ..."""
+        if self._logits_all:
+            self._scores_rows()[start:start + len(rows)] = rows
 
     def split_overlap_stats(self) -> dict[str, Any]:
         """What split overlap did: enabled, reason (why the lanes are off, or "on"), next_lane, and
@@ -268,10 +416,116 @@ class Llama:
     # -- text --
 
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        return self._parts()[0].tokenize(text, add_special=add_bos, parse_special=special).tolist()
+        """UTF-8 bytes (llama-cpp-python's type) or a str to token ids; add_bos adds the model's special
+        tokens (BOS where the model wants one), special parses special-token text such as "<|im_end|>"."""
+        return self._model_part().tokenize(text, add_special=add_bos, parse_special=special).tolist()
 
-    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
-        return self._parts()[0].detokenize_bytes(list(tokens), unparse_special=special)
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
+                   special: bool = False) -> bytes:
+        """Token ids to bytes as llama-cpp-python 0.3.x: each token's piece joined (special: also the text
+        of special tokens), and one leading space dropped when the first token is BOS. prev_tokens is
+        accepted and unused, as in llama-cpp-python's own tokenizer."""
+        model = self._model_part()
+        tokens = [int(t) for t in tokens]
+        text = model.detokenize_pieces(tokens, special=special)
+        if tokens and tokens[0] == model.token_bos and text.startswith(b" "):
+            return text[1:]
+        return text
+
+    def _text(self, tokens: Sequence[int]) -> bytes:
+        """Completion text of tokens: llama_detokenize, as the server's (the same text for the same tokens)."""
+        return self._model_part().detokenize_bytes(list(tokens))
+
+    # -- seeds and state --
+
+    def set_seed(self, seed: int) -> None:
+        """Restart the generator that gives calls without a seed theirs, as Llama(seed=seed) does."""
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self._seed_value = int(seed)
+        self._rng = np.random.default_rng(None if seed == -1 else int(seed))
+
+    def save_state(self) -> LlamaState:
+        """The context's state (llama_state_get_data) with the tokens, kept logits rows and seed."""
+        _, ctx = self._generative()
+        data = _llama.context_state(ctx)
+        n = len(self._tokens)
+        scores = (self._scores_rows()[:n].copy() if self._logits_all
+                  else np.empty((0, self.n_vocab()), dtype=np.single))
+        return LlamaState(input_ids=self.input_ids, scores=scores, n_tokens=n, llama_state=data,
+                          llama_state_size=len(data), seed=self._seed_value,
+                          rng_state=self._rng.bit_generator.state)
+
+    def load_state(self, state: LlamaState) -> None:
+        """Restore a save_state() of a Llama on the same model and context size (llama_state_set_data); a
+        state that does not fit is a LlamaError and leaves the context empty."""
+        _, ctx = self._generative()
+        n = int(state.n_tokens)
+        ids = np.asarray(state.input_ids).reshape(-1)
+        if not 0 <= n <= min(len(ids), ctx.n_ctx):
+            raise ValueError(f"state.n_tokens {n} does not fit its input_ids ({len(ids)}) or n_ctx ({ctx.n_ctx})")
+        tokens = [int(t) for t in ids[:n]]
+        if any(not 0 <= t < self.n_vocab() for t in tokens):
+            raise ValueError(f"state.input_ids has token ids outside [0, {self.n_vocab()})")
+        data = bytes(state.llama_state)[: int(state.llama_state_size)]
+        try:
+            _llama.set_context_state(ctx, data)
+        except BaseException:
+            self._tokens.clear()
+            raise
+        self._tokens = tokens
+        rows = np.asarray(state.scores)
+        if self._logits_all and rows.ndim == 2 and rows.shape[0] >= n and rows.shape[1] == self.n_vocab():
+            self._keep_rows(0, rows[:n])
+        self._seed_value = state.seed
+        if getattr(state, "rng_state", None) is not None:
+            self._rng.bit_generator.state = state.rng_state
+        else:
+            self._rng = np.random.default_rng(state.seed)
+
+    # -- embeddings --
+
+    def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True,
+              return_count: bool = False) -> Any:
+        """Embeddings as llama-cpp-python 0.3.x: per input a list of floats (pooled), or with pooling "none"
+        a list per token; a list for a str input, a list of those for a list. normalize: divide each
+        vector by its Euclidean norm (default off, as llama-cpp-python). truncate: cut an input to the
+        batch limit (min(n_batch, n_ubatch, n_ctx) tokens), else such an input is a ValueError.
+        return_count: also return the number of tokens embedded."""
+        _, ctx = self._parts()
+        if not self.embedding:
+            raise RuntimeError("Llama.embed needs a Llama created with embedding=True")
+        if isinstance(input, str):
+            inputs = [input]
+        elif isinstance(input, list) and all(isinstance(t, str) for t in input):
+            inputs = input
+        else:
+            raise ValueError("input must be a str or a list of str")
+        limit = min(ctx.n_batch, ctx.n_ubatch, ctx.n_ctx)
+        tokens = [self.tokenize(text.encode("utf-8")) for text in inputs]
+        if truncate:
+            tokens = [t[:limit] for t in tokens]
+        self._tokens.clear()  # embedding clears the KV cache
+        arrays = embed_tokens(ctx, tokens)
+        data = []
+        for emb in arrays:
+            if normalize:
+                emb = np.stack([normalize_embedding(r) for r in emb]) if emb.ndim == 2 else normalize_embedding(emb)
+            data.append(emb.tolist())
+        output = data[0] if isinstance(input, str) else data
+        if return_count:
+            return output, sum(len(t) for t in tokens)
+        return output
+
+    def create_embedding(self, input: str | list[str], model: str | None = None) -> dict[str, Any]:
+        """OpenAI's embedding response as llama-cpp-python builds it (embed() without normalisation)."""
+        embeds, total = self.embed(input, return_count=True)
+        if isinstance(input, str):
+            embeds = [embeds]
+        return {"object": "list",
+                "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeds)],
+                "model": model if model is not None else self.model_path,
+                "usage": {"prompt_tokens": total, "total_tokens": total}}
 
     # -- evaluation --
 
@@ -281,20 +535,22 @@ class Llama:
         self._tokens.clear()
 
     def eval(self, tokens: Sequence[int]) -> np.ndarray:
-        """Append tokens to the context; return their logits, shape (len(tokens), n_vocab)."""
-        _, ctx = self._parts()
+        """Append tokens to the context; return their logits, shape (len(tokens), n_vocab) (with
+        logits_all=True also kept in scores)."""
+        _, ctx = self._generative()
         tokens = [int(t) for t in tokens]
         if len(self._tokens) + len(tokens) > ctx.n_ctx:
             raise ContextFullError(f"{len(self._tokens)} cached + {len(tokens)} new tokens exceed "
                                    f"n_ctx={ctx.n_ctx}")
         logits = ctx.decode(tokens, all_logits=True)
+        self._keep_rows(len(self._tokens), logits)
         self._tokens.extend(tokens)
         return logits
 
     def _prefill(self, tokens: list[int]) -> int:
         """Bring the context to `tokens`, reusing the common cached prefix; the last token's logits stay in
         the context (output -1) for the sampler. Returns how many tokens were evaluated."""
-        _, ctx = self._parts()
+        _, ctx = self._generative()
         if not tokens:
             raise ValueError("the prompt is empty")
         if len(tokens) > ctx.n_ctx:
@@ -312,7 +568,10 @@ class Llama:
             except _llama.LlamaError:  # memories that cannot drop a suffix start over
                 self.reset()
                 keep = 0
-        ctx.prefill(tokens[keep:])
+        if self._logits_all:  # every row, as llama-cpp-python's eval; the last stays for the sampler
+            self._keep_rows(keep, ctx.decode(tokens[keep:], all_logits=True))
+        else:
+            ctx.prefill(tokens[keep:])
         self._tokens.extend(tokens[keep:])
         return len(tokens) - keep
 
@@ -388,6 +647,8 @@ class Llama:
                     nxt = ctx.decode_sample(sampler, tok)
                     self._tokens.append(tok)
                     tok = nxt
+                if self._logits_all:  # the row of the token just decoded (the context's last output)
+                    self._keep_rows(len(self._tokens) - 1, ctx.logits_view(-1)[None, :])
         finally:
             sampler.free()  # out of the graph too
 
@@ -484,16 +745,16 @@ class Llama:
         prompt_tokens = self.tokenize(prompt) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
-        prompt_len = len(prompt) if isinstance(prompt, str) else len(self.detokenize(prompt_tokens).decode("utf-8", "replace"))
+        prompt_len = len(prompt) if isinstance(prompt, str) else len(self._text(prompt_tokens).decode("utf-8", "replace"))
 
         def chunk(text: str, finish: str | None, lps: dict[str, list[Any]] | None = None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_name or self.model_path,
                     "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": finish}], **extra}
 
         if echo:
-            yield chunk(self.detokenize(prompt_tokens).decode("utf-8", "replace"), None)
-        text = TextStream(self.detokenize, stops)
-        pending = LogprobRows(lambda tok: self.detokenize([tok]).decode("utf-8", "ignore"), prompt_len) \
+            yield chunk(self._text(prompt_tokens).decode("utf-8", "replace"), None)
+        text = TextStream(self._text, stops)
+        pending = LogprobRows(lambda tok: self._text([tok]).decode("utf-8", "ignore"), prompt_len) \
             if n_logprobs is not None else None
         sent = 0
         for tok, lp in self._steps(prompt_tokens, max_tokens, seed, True, grammar, n_logprobs, logits_processor,

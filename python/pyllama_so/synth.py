@@ -186,6 +186,50 @@ class _RandomPool:
             left -= n
 
 
+# -- LoRA adapters for the synthetic shapes -------------------------------------------------------
+
+def lora_weights(shape_name: str = "tiny", targets: tuple[str, ...] = ("output.weight",), rank: int = 4, *,
+                 seed: int = 0, stdev: float = 0.05) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Random LoRA factors for weights of a synthetic shape: name -> (A, B) as float32 numpy arrays of
+    shapes (rank, n_in) and (n_out, rank), so that the adapted weight computes W x + scale * B (A x)."""
+    _check_names(shape_name, "f16")
+    if rank < 1:
+        raise ValueError(f"rank must be >= 1, got {rank}")
+    by_name = {t.name: t for t in tensors(SHAPES[shape_name], "f16")}
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name in targets:
+        spec = by_name.get(name)
+        if spec is None or len(spec.shape) != 2 or name == "token_embd.weight":
+            raise ValueError(f"no 2-D weight {name!r} to adapt in shape {shape_name!r} (token_embd is not supported)")
+        n_in, n_out = spec.shape  # ggml order: ne0 is the input
+        out[name] = ((rng.standard_normal((rank, n_in)) * stdev).astype(np.float32),
+                     (rng.standard_normal((n_out, rank)) * stdev).astype(np.float32))
+    return out
+
+
+def write_lora(path: Path | str, weights: dict[str, tuple[np.ndarray, np.ndarray]], *, arch: str = "qwen3",
+               alpha: float | None = None) -> Path:
+    """A LoRA adapter GGUF as llama.cpp's llama_adapter_lora_init reads it: general.type "adapter",
+    adapter.type "lora", the base model's architecture, and "<weight>.lora_a" / "<weight>.lora_b" F32
+    tensors (ggml shapes (n_in, rank) and (rank, n_out)). With alpha, llama.cpp scales by alpha / rank."""
+    path = Path(path)
+    meta: dict[str, object] = {"general.architecture": arch, "general.type": "adapter",
+                               "general.name": "synthetic LoRA", "adapter.type": "lora"}
+    if alpha is not None:
+        meta["adapter.lora.alpha"] = float(alpha)
+    specs, data = [], {}
+    for name, (a, b) in weights.items():
+        a32, b32 = np.ascontiguousarray(a, dtype="<f4"), np.ascontiguousarray(b, dtype="<f4")
+        if a32.ndim != 2 or b32.ndim != 2 or a32.shape[0] != b32.shape[1]:
+            raise ValueError(f"{name}: A (rank, n_in) and B (n_out, rank) do not match: {a32.shape}, {b32.shape}")
+        for suffix, arr in ((".lora_a", a32), (".lora_b", b32)):
+            specs.append(TensorSpec(name + suffix, (arr.shape[1], arr.shape[0]), "f32"))
+            data[name + suffix] = arr.tobytes()
+    write_gguf(path, meta, specs, lambda spec, f: f.write(data[spec.name]))
+    return path
+
+
 def default_cache_dir() -> Path:
     base = os.environ.get("PYLLAMA_SO_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pyllama_so")

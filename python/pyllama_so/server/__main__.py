@@ -59,6 +59,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--backend-sampling", action="store_true",
                     help="run each slot's sampler chain in the decode graph (llama.cpp's experimental backend "
                          "sampling; kept on the CPU under -sm tensor and for grammars and logprobs)")
+    ap.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
+                    default=A.env_default("EMBEDDINGS", "0").lower() in ("1", "true", "on", "enabled"),
+                    help="serve /v1/embeddings, /embedding and /embeddings from an embedding context of -ub "
+                    "tokens beside the slots (env LLAMA_ARG_EMBEDDINGS)")
+    ap.add_argument("--pooling", choices=["none", "mean", "cls", "last", "rank"],
+                    default=A.env_default("POOLING", "") or None,
+                    help="pooling of the embeddings; default: the model's (env LLAMA_ARG_POOLING)")
+    ap.add_argument("--embd-normalize", type=int, default=2, metavar="N",
+                    help="normalisation of pooled embeddings: -1 none, 0 max absolute (int16), 1 taxicab, "
+                    "2 Euclidean, >2 p-norm (default 2)")
     ap.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     return ap
 
@@ -147,6 +157,7 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket) -> int:
 
     from pyllama_so.server import chat
     from pyllama_so.server.app import create_app
+    from pyllama_so.server.embeddings import EmbeddingService
     from pyllama_so.server.engine import Engine
 
     class Server(uvicorn.Server):
@@ -168,6 +179,7 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket) -> int:
     model = _llama.Model.load(path, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode, main_gpu=ns.main_gpu,
                               tensor_split=ns.tensor_split, attn_split=ns.attn_split, rpc_servers=ns.rpc)
     ctx = None
+    embedder = None
     try:
         # before the context (its KV cache may take long to allocate): a broken template stops the start
         template = chat.resolve(model, ns.chat_template, ns.chat_template_file)
@@ -178,17 +190,20 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket) -> int:
         lanes = ctx.split_overlap_stats()
         if ns.split_overlap and not lanes["enabled"]:
             log.warning("split overlap stays off: %s", lanes["reason"])
+        embedder = EmbeddingService.create(model, ns) if ns.embedding else None
         engine = Engine(ctx, queue_size=ns.queue_size, backend_sampling=ns.backend_sampling)
         model_id = ns.alias or path.name
         meta = {"path": str(path), "desc": model.desc, "n_params": model.n_params, "size": model.size,
                 "split_mode": ns.split_mode, "split_overlap": ns.split_overlap}
         app = create_app(engine, model_id=model_id, chat=template, api_key=ns.api_key, model_meta=meta,
-                         shutdown_grace=ns.shutdown_grace)
+                         shutdown_grace=ns.shutdown_grace, embeddings=embedder)
         host, bound = sock.getsockname()[:2]
         engine.start()
         try:
             log.info("%s: %d slots of %d tokens, n_batch %d, n_ubatch %d, chat template %s", model_id,
                      ns.parallel, ctx.n_ctx_seq, ctx.n_batch, ctx.n_ubatch, template.name)
+            if embedder is not None:
+                log.info("embeddings: pooling %s, up to %d tokens per batch", embedder.pooling, embedder.limit)
             log.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, bound)
             # uvicorn waits for the responses a little longer than the engine's grace, for their last chunks
             config = uvicorn.Config(app, log_level="warning", access_log=False,
@@ -197,6 +212,8 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket) -> int:
         finally:
             engine.stop()
     finally:
+        if embedder is not None:
+            embedder.free()
         if ctx is not None:
             ctx.free()
         model.free()

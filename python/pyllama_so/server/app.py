@@ -30,6 +30,7 @@ from pyllama_so._build_info import UPSTREAM_COMMIT
 from pyllama_so.grammar import GrammarError
 from pyllama_so.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from pyllama_so.server import errors
+from pyllama_so.server import embeddings as embedding_routes
 from pyllama_so.server.chat import ChatTemplate
 from pyllama_so.server.engine import (SHUTTING_DOWN, Delta, Done, Engine, EngineStopped, Event, Failed, Job,
                                       PromptError, QueueFull)
@@ -181,11 +182,14 @@ def _sse(obj: dict[str, Any]) -> dict[str, str]:
 
 
 def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: str | None = None,
-               model_meta: dict[str, Any] | None = None, shutdown_grace: float = 5.0) -> FastAPI:
+               model_meta: dict[str, Any] | None = None, shutdown_grace: float = 5.0,
+               embeddings: embedding_routes.EmbeddingService | None = None) -> FastAPI:
     """The FastAPI app serving engine's model as model_id. shutdown_grace: the seconds the engine gives
-    requests after engine.drain() (streams stay open that long, and a little more for their last chunk)."""
+    requests after engine.drain() (streams stay open that long, and a little more for their last chunk);
+    embeddings: the --embeddings service."""
     app = FastAPI(title="pyllama_so", summary="OpenAI-compatible server over llama.cpp")
     errors.install(app)
+    embedding_routes.install(app, embeddings, model_id)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, key=api_key)
     started = int(time.time())

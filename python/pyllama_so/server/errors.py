@@ -13,9 +13,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("pyllama_so.server")
 
-# the error types of OpenAI's API, and llama-server's for 503
+# the error types of OpenAI's API, and llama-server's for 501 and 503
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 500: "server_error", 503: "unavailable_error"}
+          405: "invalid_request_error", 500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
 
 
 class ApiError(Exception):
