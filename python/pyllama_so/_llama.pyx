@@ -15,7 +15,7 @@ cimport cython
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free, calloc, realloc
-from libc.string cimport memcpy, memset, strlen, strncat
+from libc.string cimport memcpy, memset, strlen, strncat, strncpy
 from libc.stdio cimport fputs, fflush, stderr
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from cpython.bytes cimport PyBytes_FromStringAndSize
