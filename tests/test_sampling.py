@@ -302,3 +302,31 @@ def test_backend_sampling_gives_the_same_greedy_tokens(tiny_model: Path) -> None
         b = cpu.create_completion(PROMPT, max_tokens=4, temperature=0, logprobs=2)["choices"][0]
         assert a["text"] == b["text"]
         assert a["logprobs"]["token_logprobs"] == pytest.approx(b["logprobs"]["token_logprobs"], abs=1e-5)
+
+
+def test_a_steps_rows_sampled_on_several_threads_equal_one_thread(tiny_model: Path) -> None:
+    """decode_batch_sample samples the output rows of a step on sampling_threads threads, each sequence with
+    its own chain: the tokens are those of one thread, seeded draws and grammars included."""
+    from pyllama_so import _llama
+    model = _llama.Model.load(tiny_model)
+    try:
+        runs = []
+        for threads in (1, 4):
+            ctx = _llama.Context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_threads=2)
+            ctx.sampling_threads = threads
+            params = [SamplingParams(seed=s, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) for s in range(3)]
+            samplers = [_llama.Sampler(model, p, n_ctx=256) for p in params]
+            samplers.append(_llama.Sampler(model, SamplingParams(seed=9), n_ctx=256, grammar='root ::= [a-z ]+'))
+            toks = [[5, 6, 7], [8, 9], [10], [11, 12]]
+            out = []
+            for _ in range(12):
+                got = ctx.decode_batch_sample([(s, t, smp, 2) for s, (t, smp) in enumerate(zip(toks, samplers))])
+                toks = [[g[0]] for g in got]
+                out.append([(g[0], round(g[1], 5)) for g in got])
+            runs.append(out)
+            for smp in samplers:
+                smp.free()
+            ctx.free()
+        assert runs[0] == runs[1]
+    finally:
+        model.free()

@@ -34,6 +34,7 @@ cdef class Context:
         self.ptr = NULL
         self.batch_cap = 0
         self.backend_samplers = {}
+        self.sampling_threads = max(1, (os.cpu_count() or 1) // 2)  # the rows of a step are sampled in parallel
 
     def __init__(self, Model model, *, int n_ctx=0, int n_batch=2048, int n_ubatch=512, int n_seq_max=1,
                  int n_threads=-1, int n_threads_batch=-1, flash_attn="auto", type_k="f16",
@@ -401,8 +402,6 @@ cdef class Context:
         out = [None] * int(want.sum()) if in_c else np.empty((int(want.sum()), n_vocab), dtype=np.float32)
         cdef float[:, ::1] out_mv = None if in_c else out
         cdef int32_t total = tok.shape[0], start, n, i, rc
-        cdef llama_token picked
-        cdef Sampler smp
         cdef float * src
         for start in range(0, total, self.batch_cap):
             n = min(self.batch_cap, total - start)
@@ -418,24 +417,64 @@ cdef class Context:
             if rc != 0:
                 _check_rpc_servers(self.model.rpc_servers, what)
             _check_decode(rc, what)
+            if in_c:
+                self._sample_outputs(rows, start, n, samplers, tops, out, n_vocab)
+                continue
             for i in range(n):
                 if rows[start + i] >= 0:
                     src = llama_get_logits_ith(self.ptr, i)
                     if src == NULL:
                         raise DecodeError("no logits for an output token")
-                    if not in_c:
-                        memcpy(&out_mv[rows[start + i], 0], src, n_vocab * sizeof(float))
-                        continue
-                    smp = samplers[rows[start + i]]
-                    with nogil:
-                        picked = smp._sample(self.ptr, i)
-                    if picked == LLAMA_TOKEN_NULL:
-                        raise DecodeError("no logits for an output token")
-                    top = tops[rows[start + i]]
-                    out[rows[start + i]] = (picked,) + (
-                        (None, None) if top is None else _row_logprobs(src, n_vocab, picked, top))
+                    memcpy(&out_mv[rows[start + i], 0], src, n_vocab * sizeof(float))
         _check_rpc_servers(self.model.rpc_servers, what)
         return out
+
+    @cython.boundscheck(False)  # rows[start, start + n) is in range (built by _decode_items)
+    @cython.wraparound(False)
+    cdef _sample_outputs(self, const int32_t[::1] rows, int32_t start, int32_t n, list samplers, list tops,
+                         list out, int32_t n_vocab):
+        """Sample the output rows of the last llama_decode (batch positions [0, n), rows[start + i] the
+        output's index): chains in the graph one by one, the others together on several threads (each slot
+        has its own chain and buffer), then the logprobs asked for. out[row] = (token, logprob, top)."""
+        cdef int32_t i, k, m = 0
+        cdef Sampler smp
+        cdef llama_sampler ** chains = <llama_sampler **> malloc(max(n, 1) * sizeof(void *))
+        cdef llama_sampler ** grammars = <llama_sampler **> malloc(max(n, 1) * sizeof(void *))
+        cdef llama_token_data ** curs = <llama_token_data **> malloc(max(n, 1) * sizeof(void *))
+        cdef const float ** srcs = <const float **> malloc(max(n, 1) * sizeof(void *))
+        cdef llama_token * picked = <llama_token *> malloc(max(n, 1) * sizeof(llama_token))
+        cdef int32_t * at = <int32_t *> malloc(max(n, 1) * sizeof(int32_t))
+        cdef const float * src
+        try:
+            if chains == NULL or grammars == NULL or curs == NULL or srcs == NULL or picked == NULL or at == NULL:
+                raise MemoryError()
+            for i in range(n):
+                if rows[start + i] < 0:
+                    continue
+                smp = samplers[rows[start + i]]
+                if smp.backend is not None:
+                    with nogil:
+                        picked[0] = smp._sample(self.ptr, i)
+                    if picked[0] == LLAMA_TOKEN_NULL:
+                        raise DecodeError("no logits for an output token")
+                    out[rows[start + i]] = (picked[0], None, None)
+                    continue
+                src = llama_get_logits_ith(self.ptr, i)  # serially: the first call may reorder the outputs
+                if src == NULL:
+                    raise DecodeError("no logits for an output token")
+                chains[m], grammars[m], curs[m], srcs[m], at[m] = smp.chain, smp.grammar, smp.cur, src, i
+                m += 1
+            with nogil:
+                _sample_rows(_sample_row, m, chains, grammars, curs, n_vocab, srcs, picked, self.sampling_threads)
+            for k in range(m):
+                if picked[k] == LLAMA_TOKEN_NULL:
+                    raise DecodeError("the sampler chain selected no token")
+                row = rows[start + at[k]]
+                top = tops[row]
+                out[row] = (picked[k],) + ((None, None) if top is None else
+                                           _row_logprobs(srcs[k], n_vocab, picked[k], top))
+        finally:
+            free(chains); free(grammars); free(curs); free(srcs); free(picked); free(at)
 
     def split_overlap_stats(self):
         """What split overlap did in this context: whether the two lanes exist (else why not), the lane

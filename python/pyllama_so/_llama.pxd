@@ -450,6 +450,7 @@ cdef class Context:
     cdef int32_t n_last_outputs
     cdef uint64_t rng
     cdef dict backend_samplers  # seq_id -> Sampler attached with set_backend_sampler (kept alive here)
+    cdef public int sampling_threads  # threads that sample a step's output rows (decode_batch_sample)
     cdef readonly bint embeddings  # decodes output embeddings (set_embeddings)
 
     cdef void _fill_batch(self, const int32_t[::1] toks, int32_t start, int32_t n, llama_pos pos0,
@@ -458,12 +459,14 @@ cdef class Context:
     cdef void _check_open(self) except *
     cdef llama_token _rand_token(self, int32_t n_vocab) noexcept nogil
     cdef int _decode_one(self, llama_token token, llama_pos pos, llama_seq_id seq_id) noexcept nogil
+    cdef _sample_outputs(self, const int32_t[::1] rows, int32_t start, int32_t n, list samplers, list tops,
+                         list out, int32_t n_vocab)
 
 
 cdef class Sampler:
     cdef llama_sampler * chain
     cdef llama_sampler * grammar  # NULL without a grammar; kept out of the chain for rejection sampling
-    cdef llama_token_data * cur   # n_vocab candidates for the grammar path
+    cdef llama_token_data * cur   # n_vocab candidates of _sample_row
     cdef int32_t n_vocab
     cdef readonly Model model
     cdef readonly dict params
@@ -475,6 +478,7 @@ cdef class Sampler:
     cdef _add_dry(self, params, int32_t last_n)
     cdef _add(self, llama_sampler * member)
     cdef llama_token _sample(self, llama_context * ctx, int32_t idx) noexcept nogil
+    cdef int _ensure_cur(self) except -1
     cdef void _check_open(self) except *
 
 

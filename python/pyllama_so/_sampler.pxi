@@ -34,6 +34,86 @@ cdef list _logit_bias_entries(object logit_bias, int32_t n_vocab):
     return out
 
 
+cdef llama_token _sample_row(llama_sampler * chain, llama_sampler * grammar, llama_token_data * cur,
+                             int32_t n_vocab, const float * logits) noexcept nogil:
+    """Sample a token from a logits row with chain (and grammar) and accept it: llama_sampler_sample's work on
+    a buffer of the sampler's own, so rows of different sequences can be sampled on several threads. A grammar
+    is applied as llama.cpp's common sampler does: the chain draws first, and only a token the grammar
+    rejects makes it draw again from the grammar-filtered row."""
+    cdef llama_token_data_array arr
+    cdef llama_token_data one
+    cdef llama_token_data_array single
+    cdef llama_token tok
+    cdef int32_t i
+    for i in range(n_vocab):
+        cur[i].id = i
+        cur[i].logit = logits[i]
+        cur[i].p = 0
+    arr.data, arr.size, arr.selected, arr.sorted = cur, n_vocab, -1, False
+    llama_sampler_apply(chain, &arr)
+    if arr.selected < 0:
+        return LLAMA_TOKEN_NULL
+    tok = arr.data[arr.selected].id
+    if grammar != NULL:
+        one.id, one.logit, one.p = tok, 1.0, 0.0
+        single.data, single.size, single.selected, single.sorted = &one, 1, -1, False
+        llama_sampler_apply(grammar, &single)
+        if not one.logit > -INFINITY:  # rejected: draw again from the row the grammar allows
+            for i in range(n_vocab):
+                cur[i].id = i
+                cur[i].logit = logits[i]
+                cur[i].p = 0
+            arr.data, arr.size, arr.selected, arr.sorted = cur, n_vocab, -1, False
+            llama_sampler_apply(grammar, &arr)
+            llama_sampler_apply(chain, &arr)
+            if arr.selected < 0:
+                return LLAMA_TOKEN_NULL
+            tok = arr.data[arr.selected].id
+        llama_sampler_accept(grammar, tok)
+    llama_sampler_accept(chain, tok)
+    return tok
+
+
+cdef extern from *:
+    """
+    #include <thread>
+    #include <vector>
+    typedef llama_token (*pyllama_so_row_sampler)(struct llama_sampler *, struct llama_sampler *,
+                                                  llama_token_data *, int32_t, const float *);
+    // Rows of different sequences, each with its own chain and buffer, sampled on up to n_threads threads
+    // (a server step's outputs: the chains share nothing).
+    static void pyllama_so_sample_rows(pyllama_so_row_sampler fn, int n, struct llama_sampler ** chains,
+                                       struct llama_sampler ** grammars, llama_token_data ** curs, int32_t n_vocab,
+                                       const float ** rows, llama_token * out, int n_threads) {
+        if (n_threads > n) {
+            n_threads = n;
+        }
+        auto work = [=](int first) {
+            for (int i = first; i < n; i += n_threads) {
+                out[i] = fn(chains[i], grammars[i], curs[i], n_vocab, rows[i]);
+            }
+        };
+        if (n_threads <= 1) {
+            work(0);
+            return;
+        }
+        std::vector<std::thread> workers;
+        for (int t = 1; t < n_threads; t++) {
+            workers.emplace_back(work, t);
+        }
+        work(0);
+        for (auto & w : workers) {
+            w.join();
+        }
+    }
+    """
+    ctypedef llama_token (*_row_sampler_t)(llama_sampler *, llama_sampler *, llama_token_data *, int32_t,
+                                           const float *) noexcept nogil
+    void _sample_rows "pyllama_so_sample_rows"(_row_sampler_t fn, int n, llama_sampler ** chains,
+                                               llama_sampler ** grammars, llama_token_data ** curs, int32_t n_vocab,
+                                               const float ** rows, llama_token * out, int n_threads) nogil
+
+
 cdef class Sampler:
     """A llama.cpp sampler chain for one generation: sample() draws from an output row of a Context's last
     decode in C and accepts the token (penalties, DRY, mirostat and grammar keep their state). Free with
@@ -67,12 +147,10 @@ cdef class Sampler:
         self.chain = llama_sampler_chain_init(cp)
         _null_check(self.chain, LlamaError, "llama_sampler_chain_init failed")
         self._add_members(params, bias, n_ctx)
+        self._ensure_cur()
 
     cdef _init_grammar(self, grammar, str root):
         self.grammar = _grammar_sampler(self.model, grammar, root)
-        self.cur = <llama_token_data *> malloc(self.n_vocab * sizeof(llama_token_data))
-        if self.cur == NULL:
-            raise MemoryError()
 
     cdef _add_members(self, params, list bias, int n_ctx):
         cdef llama_logit_bias * lb
@@ -185,35 +263,15 @@ cdef class Sampler:
         cdef const float * logits = llama_get_logits_ith(ctx, idx)
         if logits == NULL:  # llama_sampler_sample would abort
             return LLAMA_TOKEN_NULL
-        if self.grammar == NULL:
-            return llama_sampler_sample(self.chain, ctx, idx)
-        cdef llama_token_data_array arr
-        cdef llama_token_data one
-        cdef llama_token_data_array single
-        cdef llama_token tok
-        cdef int32_t i
-        for i in range(self.n_vocab):
-            self.cur[i].id = i
-            self.cur[i].logit = logits[i]
-            self.cur[i].p = 0
-        arr.data, arr.size, arr.selected, arr.sorted = self.cur, self.n_vocab, -1, False
-        llama_sampler_apply(self.chain, &arr)
-        tok = arr.data[arr.selected].id
-        one.id, one.logit, one.p = tok, 1.0, 0.0
-        single.data, single.size, single.selected, single.sorted = &one, 1, -1, False
-        llama_sampler_apply(self.grammar, &single)
-        if not one.logit > -INFINITY:  # rejected: draw again from the row the grammar allows
-            for i in range(self.n_vocab):
-                self.cur[i].id = i
-                self.cur[i].logit = logits[i]
-                self.cur[i].p = 0
-            arr.data, arr.size, arr.selected, arr.sorted = self.cur, self.n_vocab, -1, False
-            llama_sampler_apply(self.grammar, &arr)
-            llama_sampler_apply(self.chain, &arr)
-            tok = arr.data[arr.selected].id
-        llama_sampler_accept(self.grammar, tok)
-        llama_sampler_accept(self.chain, tok)
-        return tok
+        return _sample_row(self.chain, self.grammar, self.cur, self.n_vocab, logits)
+
+    cdef int _ensure_cur(self) except -1:
+        """The candidates buffer of _sample_row (n_vocab entries), allocated at first use."""
+        if self.cur == NULL:
+            self.cur = <llama_token_data *> malloc(self.n_vocab * sizeof(llama_token_data))
+            if self.cur == NULL:
+                raise MemoryError()
+        return 0
 
     def sample(self, Context ctx, int idx=-1):
         """Sample a token from output idx (-1: the last) of ctx's last decode and accept it."""
@@ -235,27 +293,10 @@ cdef class Sampler:
         cdef const float[::1] row = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
         if row.shape[0] != self.n_vocab:
             raise ValueError(f"logits must have n_vocab = {self.n_vocab} entries, got {row.shape[0]}")
-        if self.cur == NULL:
-            self.cur = <llama_token_data *> malloc(self.n_vocab * sizeof(llama_token_data))
-            if self.cur == NULL:
-                raise MemoryError()
-        cdef llama_token_data_array arr
-        cdef int32_t i
+        self._ensure_cur()
         cdef llama_token tok
         with nogil:
-            for i in range(self.n_vocab):
-                self.cur[i].id = i
-                self.cur[i].logit = row[i]
-                self.cur[i].p = 0
-            arr.data, arr.size, arr.selected, arr.sorted = self.cur, self.n_vocab, -1, False
-            if self.grammar != NULL:
-                llama_sampler_apply(self.grammar, &arr)
-            llama_sampler_apply(self.chain, &arr)
-            tok = arr.data[arr.selected].id if arr.selected >= 0 else LLAMA_TOKEN_NULL
-            if tok != LLAMA_TOKEN_NULL:
-                if self.grammar != NULL:
-                    llama_sampler_accept(self.grammar, tok)
-                llama_sampler_accept(self.chain, tok)
+            tok = _sample_row(self.chain, self.grammar, self.cur, self.n_vocab, &row[0])
         if tok == LLAMA_TOKEN_NULL:
             raise LlamaError("the sampler chain selected no token")
         return tok
