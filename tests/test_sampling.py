@@ -9,8 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cuda_devices import cuda_device_count
 from pyllama_so import Llama, LlamaGrammar, _llama
 from pyllama_so.sampling import SamplingParams
+
+# a logprob against eval()'s logits: on CUDA the reference batch runs other kernels than generation's
+# one-token decodes (logits differ by ~1e-3), on the CPU they agree to float rounding
+TOL = 2e-3 if cuda_device_count() else 1e-4
 
 PROMPT = "The quick brown fox jumps over the lazy dog. 0123456789"
 REPEATING = "one two three one two three one two three one two three one two three"
@@ -112,7 +117,9 @@ def test_repeat_penalty_lowers_repetition(llm: Llama) -> None:
 def test_min_p_removes_tokens_below_its_cut(llm: Llama) -> None:
     prompt = llm.tokenize(PROMPT)
     llm.reset()
-    probs = np.exp(log_softmax(llm.eval(prompt)[-1] / 1.0))
+    llm.context.prefill(prompt)  # the row generate() samples from, by the same decode
+    probs = np.exp(log_softmax(np.array(llm.context.logits_view(-1))))
+    llm.context.clear()
     min_p = 0.5
     allowed = set(np.flatnonzero(probs >= min_p * probs.max()).tolist())
     assert 1 <= len(allowed) < len(probs)
@@ -167,21 +174,21 @@ def test_logprobs_equal_log_softmax_of_eval(llm: Llama) -> None:
     ctx = llm.context
     for i, (tok, row) in enumerate(zip(tokens, rows)):
         ref = log_softmax(row)
-        assert lp["token_logprobs"][i] == pytest.approx(ref[tok], abs=1e-4)
+        assert lp["token_logprobs"][i] == pytest.approx(ref[tok], abs=TOL)
         top = np.argsort(-ref, kind="stable")[:5]
         # {text: logprob}: tokens of the same text share a key, so compare values, not a count
         expected = ref[np.concatenate([top, [tok]])]
         for value in lp["top_logprobs"][i].values():
-            assert np.abs(expected - value).min() < 1e-4
-        assert max(lp["top_logprobs"][i].values()) == pytest.approx(ref[top[0]], abs=1e-4)
+            assert np.abs(expected - value).min() < TOL
+        assert max(lp["top_logprobs"][i].values()) == pytest.approx(ref[top[0]], abs=TOL)
     # the Context call itself: the ids of the top N and their values
     llm.reset()
     row = llm.eval(prompt)[-1]
     ref = log_softmax(row)
     chosen, top = ctx.logprobs(int(np.argmax(row)), 5)
-    assert chosen == pytest.approx(ref.max(), abs=1e-4)
+    assert chosen == pytest.approx(ref.max(), abs=TOL)
     assert [t for t, _ in top] == np.argsort(-ref, kind="stable")[:5].tolist()
-    assert [v for _, v in top] == pytest.approx(np.sort(ref)[::-1][:5].tolist(), abs=1e-4)
+    assert [v for _, v in top] == pytest.approx(np.sort(ref)[::-1][:5].tolist(), abs=TOL)
     llm.reset()
 
 
@@ -301,7 +308,7 @@ def test_backend_sampling_gives_the_same_greedy_tokens(tiny_model: Path) -> None
         a = backend.create_completion(PROMPT, max_tokens=4, temperature=0, logprobs=2)["choices"][0]
         b = cpu.create_completion(PROMPT, max_tokens=4, temperature=0, logprobs=2)["choices"][0]
         assert a["text"] == b["text"]
-        assert a["logprobs"]["token_logprobs"] == pytest.approx(b["logprobs"]["token_logprobs"], abs=1e-5)
+        assert a["logprobs"]["token_logprobs"] == pytest.approx(b["logprobs"]["token_logprobs"], abs=TOL)
 
 
 def test_a_steps_rows_sampled_on_several_threads_equal_one_thread(tiny_model: Path) -> None:
