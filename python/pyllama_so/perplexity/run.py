@@ -109,7 +109,8 @@ class Summary:
         c, base_nll = self.comparison, -self.base.rows.target_logp.astype(np.float64)[: self.n_scored]
         kld = c.kld
         mean, err = _stats(kld)
-        ln_ratio, ln_err = _stats(self.nll - base_nll)
+        # the base's log-probabilities are float32: this run's NLL rounded alike, so a run against its own base is 1
+        ln_ratio, ln_err = _stats(self.nll.astype(np.float32).astype(np.float64) - base_nll)
         same, n = float(c.same_top.mean()), len(kld)
         dp = c.target_p - np.exp(-base_nll)
         base_mean, base_err = _stats(base_nll)
