@@ -168,12 +168,10 @@ def test_broken_event_wait_is_caught(runs: dict[str, Runs], tmp_path_factory: py
 
 
 @pytest.fixture(scope="module")
-def smollm2_f32(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2 dequantized to F32 by llama.cpp's quantizer (540 MB, in the test's temporary folder)."""
-    src = real_model("smollm2-135m")
-    out = tmp_path_factory.mktemp("f32") / "smollm2-135m-f32.gguf"
-    _llama.quantize_model(src, out, "f32", n_threads=2, allow_requantize=True)
-    return out
+def smollm2_f32() -> Path:
+    """SmolLM2 dequantized to F32 by llama.cpp's quantizer (540 MB, written once into the model cache)."""
+    real_model("smollm2-135m")
+    return models.dequantized("smollm2-135m")
 
 
 @pytest.mark.parametrize("label", ["Meta(CPUV0,CPUV1)", "Meta(CPUV0,CPUV1,CPUV2) -so", "Meta(CPUV0,CPUV1) -as 0/1"])

