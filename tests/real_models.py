@@ -68,14 +68,16 @@ def run_job(job: Job, tmp_path: Path, timeout: float = 600) -> Result:
     """Run job in a fresh Python with 3 CPU virtual devices; fail the test with the worker's log when it exits
     badly (naming the signal for an abort)."""
     out = tmp_path / f"job-{os.getpid()}-{len(list(tmp_path.iterdir()))}.npz"
-    env = {**os.environ, "GGML_CPU_VIRTUAL_DEVICES": "3"}
+    # no gdb backtrace on an abort: the assertion's line is what the failure shows
+    env = {**os.environ, "GGML_CPU_VIRTUAL_DEVICES": "3", "GGML_NO_BACKTRACE": "1"}
     res = subprocess.run([sys.executable, str(WORKER), json.dumps(asdict(job)), str(out)], env=env,
                          capture_output=True, text=True, timeout=timeout)
     if res.returncode != 0:
         how = (f"killed by {signal.Signals(-res.returncode).name}" if res.returncode < 0
                else f"exit status {res.returncode}")
-        pytest.fail(f"{Path(job.model).name}: {job.split_mode} on {job.devices or 'the CPU'} (attn_split {job.attn_split}, split_overlap "
-                    f"{job.split_overlap}): the worker ended with {how}:\n{res.stderr[-3000:]}")
+        pytest.fail(f"{Path(job.model).name}: {job.split_mode} on {job.devices or 'the CPU'} (attn_split "
+                    f"{job.attn_split}, split_overlap {job.split_overlap}): the worker ended with {how}:\n"
+                    f"{res.stderr[-3000:]}")
     with np.load(out) as z:
         info = json.loads(str(z["info"]))
         return Result(z["logits"], info["split_overlap_stats"], info["toggle_ok"], info["roundtrip_equal"],

@@ -190,3 +190,23 @@ def test_real_model_perplexity_is_sane(tmp_path: Path) -> None:
     s = run(Settings(model=str(path), n_ctx=128, n_chunks=2, n_gpu_layers=0, split_mode="none", n_threads=2),
             text=TEXT.read_text(encoding="utf-8"))
     assert 8 < s.ppl[0] < 40, s.ppl
+
+
+def test_decode_logits_from(tiny_model: Path) -> None:
+    """Context.decode(logits_from=k): the rows of tokens k.. only, equal to those of all_logits alone."""
+    model = _llama.Model.load(str(tiny_model), n_gpu_layers=0)
+    try:
+        tokens = model.tokenize(TEXT_HEAD)[:40]
+        ctx = _llama.Context(model, n_ctx=256, n_batch=16, n_ubatch=16, n_threads=2)  # 3 llama_decode calls
+        try:
+            full = ctx.decode(tokens, all_logits=True)
+            ctx.clear()
+            part = ctx.decode(tokens, all_logits=True, logits_from=21)
+            assert part.shape == (19, full.shape[1]) and np.array_equal(part, full[21:])
+            for bad, all_logits in ((40, True), (-1, True), (5, False)):
+                with pytest.raises(ValueError, match="logits_from must be in 0..39"):
+                    ctx.decode(tokens, all_logits=all_logits, logits_from=bad)
+        finally:
+            ctx.free()
+    finally:
+        model.free()

@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kl-divergence", action="store_true",
                     help="compare with --kl-divergence-base FILE (its tokens; -f is not read)")
     ap.add_argument("--kl-top-k", type=A.positive_int, default=DEFAULT_TOP_K, metavar="K",
-                    help=f"tokens kept per position in the base file, the rest merged into one (default {DEFAULT_TOP_K})")
+                    help="tokens kept per position in the base file, the rest merged into one "
+                         f"(default {DEFAULT_TOP_K})")
     ap.add_argument("-o", "--output", choices=("text", "json"), default="text")
     ap.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     ap.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")

@@ -66,7 +66,8 @@ class BaseFile:
         try:
             with tmp.open("wb") as f:
                 np.savez_compressed(
-                    f, format=np.array(FORMAT), model=np.array(self.model), settings=np.array(json.dumps(self.settings)),
+                    f, format=np.array(FORMAT), model=np.array(self.model),
+                    settings=np.array(json.dumps(self.settings)),
                     n_ctx=np.int64(self.n_ctx), n_vocab=np.int64(self.n_vocab), top_k=np.int64(self.top_k),
                     add_bos=np.bool_(self.add_bos), bos=np.int64(self.bos), tokens=self.tokens.astype(np.int32),
                     top_ids=self.rows.top_ids, top_logp=self.rows.top_logp, rest_logp=self.rows.rest_logp,
