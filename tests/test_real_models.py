@@ -1,19 +1,14 @@
-"""The real models of pyllama_so.models on the CPU: they are fetched and checked, they answer factual prompts
-greedily, and the OpenAI server answers a chat request on SmolLM2 with its own chat template."""
+"""The real models of pyllama_so.models on the CPU: they are fetched and checked, and they answer factual prompts
+greedily (the server's chat on SmolLM2 with its own template: tests/test_server_chat.py)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from pyllama_so import Llama, models
 from real_models import real_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from server_process import ServerProcess  # noqa: E402  (scripts/server_process.py)
 
 # Prompts and answers: each prompt was tried by greedy decoding on the CPU and kept where the model's continuation
 # starts with the answer (pyllama_so at the commit of this file). Gemma 3 270M is a base model that continues
@@ -47,18 +42,3 @@ def test_greedy_continuations_answer(llm: tuple[str, Llama]) -> None:
     for prompt, answer in ANSWERS[name]:
         text = model.create_completion(prompt, max_tokens=8, temperature=0)["choices"][0]["text"]
         assert text.startswith(answer), (name, prompt, text)
-
-
-def test_server_answers_a_chat_request_on_smollm2() -> None:
-    """SmolLM2's GGUF has a ChatML template; the server formats the chat with it and the model answers."""
-    openai = pytest.importorskip("openai")
-    path = real_model("smollm2-135m")
-    with ServerProcess(["-m", str(path), "-c", "512", "--parallel", "1", "-t", "2"]) as server:
-        assert "chat template the model's" in server.log
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
-        reply = client.chat.completions.create(
-            model=path.name, messages=[{"role": "user", "content": "What is the capital of France?"}],
-            temperature=0, max_tokens=24)
-    choice = reply.choices[0]
-    assert "Paris" in (choice.message.content or ""), choice
-    assert choice.finish_reason == "stop" and reply.usage.completion_tokens < 24, reply
