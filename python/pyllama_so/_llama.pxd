@@ -230,6 +230,7 @@ cdef extern from "llama.h" nogil:
     ctypedef struct llama_model_quantize_params:
         int32_t nthread
         llama_ftype ftype
+        bint allow_requantize
 
     const char * llama_version()
     llama_model_params llama_model_default_params()

@@ -13,13 +13,15 @@ FTYPES = {
 }
 
 
-def quantize_model(src, dst, str ftype, int n_threads=0):
+def quantize_model(src, dst, str ftype, int n_threads=0, bint allow_requantize=False):
     """Quantize the GGUF model file src into dst with llama.cpp's llama_model_quantize.
 
     ftype is a key of FTYPES ("q4_k_m", "q4_0", "q8_0", ...). llama.cpp chooses each tensor's type as
     llama-quantize does: 1-D tensors stay F32, the K-quant _s/_m/_l types mix in larger types for some
     tensors, and a tensor whose rows are not a whole number of the type's blocks gets a fallback type
     (Q4_K -> Q5_0, Q6_K -> Q8_0 for rows of 128). n_threads <= 0 uses every hardware thread.
+    allow_requantize: also convert tensors that are quantized already (llama-quantize --allow-requantize),
+    e.g. to "f32" to dequantize a quantized model.
     """
     if ftype not in FTYPES:
         raise ValueError(f"unknown quantization type {ftype!r}; expected one of {list(FTYPES)}")
@@ -35,6 +37,7 @@ def quantize_model(src, dst, str ftype, int n_threads=0):
     cdef llama_model_quantize_params p = llama_model_quantize_default_params()
     p.nthread = n_threads
     p.ftype = <llama_ftype> <int> FTYPES[ftype]
+    p.allow_requantize = allow_requantize
     cdef uint32_t rc
     _take_last_error()  # a stale message must not become this call's detail
     with nogil:

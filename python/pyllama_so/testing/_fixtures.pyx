@@ -250,13 +250,16 @@ def arch_model(str arch, bint moe, list device_indices, str split_mode="layer", 
         free(attn_buf)
 
 
-def arch_model_load(path, list device_indices, str split_mode="layer"):
-    """Load a saved fixture on the given devices (the round trip's second half)."""
+def arch_model_load(path, list device_indices, str split_mode="layer", *, attn_split=None):
+    """Load a GGUF file (a saved fixture: the round trip's second half, or a real model) on exactly the given
+    devices (attn_split: split_mode "tensor" only, one proportion per device)."""
     cdef ggml_backend_dev_t * devs = <ggml_backend_dev_t *> calloc(len(device_indices) + 1, sizeof(ggml_backend_dev_t))
+    cdef float * attn_buf = <float *> calloc(llama_max_devices(), sizeof(float))
     try:
-        return Model._load(path, _arch_model_params(device_indices, split_mode, devs))
+        return Model._load(path, _arch_model_params(device_indices, split_mode, devs, attn_buf, attn_split))
     finally:
         free(devs)
+        free(attn_buf)
 
 
 def arch_model_save(Model model, path):
