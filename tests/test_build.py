@@ -227,3 +227,22 @@ def test_no_negative_index_where_wraparound_is_off() -> None:
         for n, line in enumerate(text.splitlines(), 1):
             code = line.split("#", 1)[0]
             assert not re.search(r"\[\s*-\s*\d", code), f"{src.name}:{n}: negative index: {line.strip()}"
+
+
+def test_the_stub_names_every_public_binding() -> None:
+    """_llama.pyi (for editors and mypy) declares every name of _llama.__all__ it does not leave to its
+    module __getattr__ (embeddings, state, LoRA), and every method of Sampler."""
+    import ast
+
+    from pyllama_so import _llama
+
+    tree = ast.parse((REPO / "python" / "pyllama_so" / "_llama.pyi").read_text())
+    declared = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    declared |= {t.id for n in tree.body if isinstance(n, ast.AnnAssign) for t in [n.target] if isinstance(t, ast.Name)}
+    left_to_getattr = {"embed_sequences", "context_state", "set_context_state", "LoraAdapter", "set_lora_adapters",
+                       "max_parallel_sequences", "pooling_type_name", "check_kv_overrides"}
+    assert set(_llama.__all__) - declared - left_to_getattr == set()
+    sampler = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Sampler")
+    methods = {n.name for n in sampler.body if isinstance(n, ast.FunctionDef)}
+    public = {m for m in dir(_llama.Sampler) if not m.startswith("_")} - {"model", "params", "seed"}
+    assert public <= methods
