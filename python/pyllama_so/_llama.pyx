@@ -88,7 +88,9 @@ cdef void _log_callback(ggml_log_level level, const char * text, void * user_dat
         show = _log_last_shown
     else:
         show = level != GGML_LOG_LEVEL_NONE and <int> level >= _log_threshold
-        if level == GGML_LOG_LEVEL_ERROR:
+        # the loader's "error loading model: <cause>" is followed by a generic "failed to load model": keep the cause
+        if level == GGML_LOG_LEVEL_ERROR and not (strstr(text, "failed to load model") != NULL and
+                                                  strstr(_last_error, "error loading model") != NULL):
             strncpy(_last_error, text, sizeof(_last_error) - 1)
             _last_error[sizeof(_last_error) - 1] = 0
     if show:
