@@ -109,6 +109,8 @@ const char * pyllama_so_arch_name(size_t i) {
     return i < arch_list().size() ? llm_arch_name(arch_list()[i]) : nullptr;
 }
 
+static bool arch_mqa(llm_arch arch); // below the fixture dimensions it reads
+
 uint32_t pyllama_so_arch_flags(const char * name) {
     const llm_arch arch = llm_arch_from_string(name);
     if (arch == LLM_ARCH_UNKNOWN) {
@@ -121,6 +123,7 @@ uint32_t pyllama_so_arch_flags(const char * name) {
     flags |= arch_encode(arch)                     ? PYLLAMA_SO_ARCH_ENCODE         : 0;
     flags |= llm_arch_supports_sm_tensor(arch)     ? PYLLAMA_SO_ARCH_SM_TENSOR      : 0;
     flags |= llama_model_saver_supports_arch(arch) ? PYLLAMA_SO_ARCH_SAVER          : 0;
+    flags |= arch_mqa(arch)                        ? PYLLAMA_SO_ARCH_MQA            : 0;
     return flags;
 }
 
@@ -142,7 +145,7 @@ static bool arch_is_mla(llm_arch arch) {
     });
 }
 
-static arch_dims arch_get_dims(llm_arch arch) {
+static arch_dims arch_get_dims(llm_arch arch, bool mqa = false) {
     arch_dims d;
     switch (arch) {
         case LLM_ARCH_LLAMA4:       d.n_layer = 4; break; // n_no_rope_layer_step is 4
@@ -167,7 +170,28 @@ static arch_dims arch_get_dims(llm_arch arch) {
     if (d.n_head_kv == 0) {
         d.n_head_kv = d.n_head;
     }
+    if (mqa) {
+        // one KV head for four query heads (Gemma 3 270M's ratio): more query heads than KV heads on every
+        // split, so tensor split has to replicate the KV head
+        d.n_head    = 4;
+        d.n_head_kv = 1;
+    }
     return d;
+}
+
+// architectures with an MQA variant: tensor split implemented, regular attention whose KV head count the
+// fixture sets (not MLA, not attention-free), and not MQA already
+static bool arch_mqa(llm_arch arch) {
+    if (!arch_supported(arch) || !llm_arch_supports_sm_tensor(arch) || arch_is_mla(arch) || arch_moe_mandatory(arch)) {
+        return false;
+    }
+    if (arch_in(arch, {
+            LLM_ARCH_QWEN, LLM_ARCH_COGVLM, // a fused QKV of 3 x n_embd whatever the KV head count
+            LLM_ARCH_QWEN35,                // its linear-attention layers derive their heads from n_head: no graph on the CPU
+        })) {
+        return false;
+    }
+    return arch_get_dims(arch).n_head_kv != 1;
 }
 
 static std::vector<uint32_t> per_layer(uint32_t n_layer, const std::function<uint32_t(uint32_t)> & f) {
@@ -191,7 +215,7 @@ static void add_attention_kv(llama_model_saver & ms, llm_arch arch, const arch_d
         } else {
             ms.add_kv(LLM_KV_ATTENTION_HEAD_COUNT, heads);
         }
-        ms.add_kv(LLM_KV_ATTENTION_HEAD_COUNT_KV, heads);
+        ms.add_kv(LLM_KV_ATTENTION_HEAD_COUNT_KV, per_layer(d.n_layer, [&](uint32_t il) { return il == 1 ? 0u : d.n_head_kv; }));
     } else {
         ms.add_kv(LLM_KV_ATTENTION_HEAD_COUNT, d.n_head);
         ms.add_kv(LLM_KV_ATTENTION_HEAD_COUNT_KV, arch == LLM_ARCH_DEEPSEEK4 ? 1u : d.n_head_kv);
@@ -378,12 +402,12 @@ static void add_misc_kv(llama_model_saver & ms, llm_arch arch, const arch_dims &
     ms.add_kv(LLM_KV_ACTIVATION_SITU_LINEAR_BETA, 25.0f);
 }
 
-gguf_context * pyllama_so_arch_metadata(const char * name, bool moe) {
+gguf_context * pyllama_so_arch_metadata(const char * name, bool moe, bool mqa) {
     const llm_arch arch = llm_arch_from_string(name);
     if (arch == LLM_ARCH_UNKNOWN) {
         return nullptr;
     }
-    const arch_dims d = arch_get_dims(arch);
+    const arch_dims d = arch_get_dims(arch, mqa);
     gguf_context * ctx = gguf_init_empty();
     llama_model_saver ms(arch, ctx);
 

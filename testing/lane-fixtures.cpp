@@ -83,6 +83,12 @@ int pyllama_so_testing_kv_cell_bytes(const struct llama_context * ctx, enum ggml
             // where the Meta backend puts this layer's K/V rows: the model's own split function
             llama_meta_device_get_split_state_userdata ud = model->get_split_state_ud;
             const ggml_backend_meta_split_state st = llama_meta_device_get_split_state(t, &ud);
+            if (st.axis == GGML_BACKEND_SPLIT_AXIS_MIRRORED) { // a replicated KV head: every device holds it
+                for (int j = 0; j < n_dev; j++) {
+                    out[j] += ggml_row_size(tn.first, tn.second);
+                }
+                continue;
+            }
             if (st.axis != GGML_BACKEND_SPLIT_AXIS_0 || st.n_segments != 1) {
                 return -2;
             }
@@ -92,4 +98,27 @@ int pyllama_so_testing_kv_cell_bytes(const struct llama_context * ctx, enum ggml
         }
     }
     return n_dev;
+}
+
+int pyllama_so_testing_weight_split(const struct llama_model * model, const char * name, int64_t * ne, int n_out, int * n_dev_out) {
+    if (model->split_mode() != LLAMA_SPLIT_MODE_TENSOR || model->get_split_state_ud.model == nullptr) {
+        return -1;
+    }
+    const ggml_tensor * tensor = model->get_tensor(name);
+    const int n_dev = (int) model->get_split_state_ud.n_devices;
+    if (tensor == nullptr || n_dev > n_out) {
+        return -2;
+    }
+    *n_dev_out = n_dev;
+    llama_meta_device_get_split_state_userdata ud = model->get_split_state_ud;
+    const ggml_backend_meta_split_state st = llama_meta_device_get_split_state(tensor, &ud);
+    for (int j = 0; j < n_dev; j++) {
+        ne[j] = 0;
+        if (st.axis >= 0 && st.axis < GGML_MAX_DIMS) {
+            for (uint32_t s = 0; s < st.n_segments; s++) {
+                ne[j] += st.ne[s*n_dev + j] * st.nr[s];
+            }
+        }
+    }
+    return (int) st.axis;
 }

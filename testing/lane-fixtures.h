@@ -27,8 +27,16 @@ int pyllama_so_testing_context_bytes(const struct llama_context * ctx, const cha
 
 // Bytes of one KV cell (the K and V rows of every attention layer) on each device of the model's tensor
 // split, as the Meta backend lays out the KV cache tensors (the model's llama_meta_device_get_split_state on
-// tensors named and shaped like cache_k_lN / cache_v_lN); one entry (everything) when the model is not
+// tensors named and shaped like cache_k_lN / cache_v_lN; a mirrored one, a replicated KV head, counts on
+// every device); one entry (everything) when the model is not
 // split by tensor. Returns the number of devices, or < 0 (too many devices for n_out, an unexpected split).
+// Where the model's tensor split puts the weight `name`: returns its split axis (0..3, or
+// GGML_BACKEND_SPLIT_AXIS_MIRRORED/_PARTIAL), ne[j] the size of device j's slice along it (0 unless split),
+// *n_dev the number of devices; -1 when the model is not split by tensor, -2 for an unknown tensor or more
+// devices than n_out.
+int pyllama_so_testing_weight_split(const struct llama_model * model, const char * name, int64_t * ne, int n_out,
+                                    int * n_dev);
+
 int pyllama_so_testing_kv_cell_bytes(const struct llama_context * ctx, enum ggml_type type_k, enum ggml_type type_v,
                                      size_t * out, int n_out);
 

@@ -26,15 +26,15 @@ _ROWS: list[archs.Row] = []
 
 def _params() -> list:
     out = []
-    for arch, moe in archs.cases(archs.select_archs()):
+    for arch, moe, mqa in archs.cases(archs.select_archs()):
         for cfg in CONFIGS:
             marks = []
             if arch not in archs.DEFAULT_ARCHS:
                 marks.append(pytest.mark.slow)
             if cfg.gpu:
                 marks.append(pytest.mark.gpu)
-            out.append(pytest.param(arch, moe, cfg, marks=marks,
-                                    id=f"{arch}-{'moe' if moe else 'dense'}-{cfg.label.replace(' ', '_')}"))
+            out.append(pytest.param(arch, moe, mqa, cfg, marks=marks,
+                                    id=f"{arch}-{archs.variant_name(moe, mqa)}-{cfg.label.replace(' ', '_')}"))
     return out
 
 
@@ -48,9 +48,9 @@ def summary_table(request: pytest.FixtureRequest) -> Iterator[None]:
             print(text, flush=True)
 
 
-@pytest.mark.parametrize("arch,moe,cfg", _params())
-def test_arch(request: pytest.FixtureRequest, arch: str, moe: bool, cfg: archs.DeviceConfig) -> None:
-    row = _RUNNER.run(arch, moe, cfg)
+@pytest.mark.parametrize("arch,moe,mqa,cfg", _params())
+def test_arch(request: pytest.FixtureRequest, arch: str, moe: bool, mqa: bool, cfg: archs.DeviceConfig) -> None:
+    row = _RUNNER.run(arch, moe, cfg, mqa)
     _ROWS.append(row)
     if not row.executed:
         pytest.skip(row.skip_reason)
@@ -64,6 +64,25 @@ def test_default_subset_runs_tensor_split_on_virtual_devices() -> None:
     assert metas == [(2, False, "Meta(CPUV0,CPUV1)"), (2, True, "Meta(CPUV0,CPUV1) -so"),
                      (3, False, "Meta(CPUV0,CPUV1,CPUV2)"), (3, True, "Meta(CPUV0,CPUV1,CPUV2) -so")]
     assert archs.testing.arch_flags("llama")["sm_tensor"]
+
+
+def test_default_subset_has_mqa_variants_that_decode_single_tokens() -> None:
+    """The default subset runs MQA variants (one KV head for four query heads, which tensor split must copy) of
+    its architectures with attention (qwen3's dense fixture is MQA already), and every row decodes single
+    tokens after the batch: a decode step builds other graphs than a batch (an MQA layer aborted only there)."""
+    assert {arch for arch, _, mqa in archs.cases(archs.DEFAULT_ARCHS) if mqa} == {"llama", "gemma3", "lfm2"}
+    runner = archs.Runner()
+    model = runner._model("gemma3", False, [], "layer", mqa=True)
+    try:
+        ctx = runner._context(model, False)
+        try:
+            logits = runner.decode(ctx, False)
+            assert ctx.n_past() == archs.N_TOKENS + archs.N_DECODE  # the steps appended one token each
+        finally:
+            ctx.free()
+    finally:
+        model.free()
+    assert archs.N_DECODE >= 1 and logits.shape[0] == archs.N_TOKENS + archs.N_DECODE
 
 
 def _so_config(n_devices: int) -> archs.DeviceConfig:
@@ -97,13 +116,13 @@ def test_split_overlap_row_is_compared_bitwise_with_meta(n_devices: int) -> None
     plain = next(c for c in CONFIGS if c.tensor and not c.split_overlap and c.devices == cfg.devices)
     assert runner.run("qwen3", False, plain).ok
     assert runner.run("qwen3", False, cfg).ok  # against the logits the plain row left in the runner
-    key = ("qwen3", False, cfg.devices)
+    key = ("qwen3", False, False, cfg.devices)
     ref = runner._meta[key]
     ref[5, 7] = np.nextafter(ref[5, 7], np.inf)  # the cache holds the row's array
     row = runner.run("qwen3", False, cfg)
     assert row.executed and not row.ok, row
     assert row.nmse_status == "FAIL (vs. Meta)" and row.nmse is not None and row.nmse <= archs.NMSE_MAX, row
-    assert "in 1 of 128 tokens" in row.error and "bitwise" in row.error, row.error
+    assert f"in 1 of {archs.N_TOKENS + archs.N_DECODE} logit rows" in row.error and "bitwise" in row.error, row.error
 
 
 def test_split_overlap_row_fails_when_lanes_stay_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -157,7 +176,7 @@ def test_cli_shows_split_overlap_rows(capsys: pytest.CaptureFixture[str]) -> Non
     assert archs.main(["-a", "^llama$"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if "Meta(CPUV" in line and "-so |" in line]
-    assert len(rows) == 4 and all("OK (" in r for r in rows), out  # dense and MoE, over 2 and 3 devices
+    assert len(rows) == 6 and all("OK (" in r for r in rows), out  # dense, MoE and MQA, over 2 and 3 devices
 
 
 def test_arch_list_matches_upstream_exclusions() -> None:

@@ -10,6 +10,8 @@
 //   GGML_CPU_VIRTUAL_DELAY_US=N         sleep N microseconds before each graph ...
 //   GGML_CPU_VIRTUAL_DELAY_DEVICES=i,j  ... on these device indices only (default: all but device 0)
 //   GGML_CPU_VIRTUAL_COMM=0             no comm context: AllReduce takes the Meta backend's generic path
+//   GGML_CPU_VIRTUAL_POISON=1           new buffers start as 0xff bytes (F32 NaN), as uninitialised device memory
+//                                       may hold anything: a read of memory nothing wrote shows; read per buffer
 //   GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT=1 TEST ONLY: event waits return at once (a deliberate ordering bug,
 //                                       to show that tests catch it); read when a backend is created
 //   GGML_CPU_VIRTUAL_NO_EVENTS=1        TEST ONLY: the devices report no events (what needs them turns off)

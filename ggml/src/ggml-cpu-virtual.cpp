@@ -191,11 +191,16 @@ static bool ggml_cpu_virtual_buffer_cpy_tensor(ggml_backend_buffer_t buffer, con
     GGML_UNUSED(buffer);
 }
 
-// upstream's CPU buffer, typed as ours (not host memory) and copying only from our buffers
+// upstream's CPU buffer, typed as ours (not host memory) and copying only from our buffers; with
+// GGML_CPU_VIRTUAL_POISON=1 its bytes start as 0xff (NaN as F32), so that a read of memory nothing wrote
+// shows in the results instead of depending on what the allocator hands out
 static ggml_backend_buffer_t ggml_cpu_virtual_buffer_type_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size) {
     ggml_backend_buffer_t buffer = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), size);
     if (buffer == nullptr) {
         return nullptr;
+    }
+    if (env_int("GGML_CPU_VIRTUAL_POISON", 0) != 0) {
+        memset(ggml_backend_buffer_get_base(buffer), 0xff, ggml_backend_buffer_get_size(buffer));
     }
     buffer->buft             = buft;
     buffer->iface.cpy_tensor = ggml_cpu_virtual_buffer_cpy_tensor;
@@ -265,14 +270,24 @@ static bool ggml_cpu_virtual_backend_cpy_tensor_async(ggml_backend_t backend_src
             !ggml_is_contiguous(src) || !ggml_is_contiguous(dst)) {
         return false;
     }
-    // as CUDA does: copy on the source stream, the destination stream waits for the copy
+    // ggml_backend_tensor_copy_async: the copy happens after everything queued on both backends. So the source
+    // stream first waits for what the destination stream has queued (it may still read or write dst: the
+    // Meta backend's generic AllReduce copies into a buffer that the destination's previous ADD still reads),
+    // then copies, and the destination stream waits for the copy.
     const void * src_data = src->data;
     void *       dst_data = dst->data;
     const size_t nbytes   = ggml_nbytes(src);
-    auto ev = std::make_shared<ggml_cpu_virtual_event>();
-    vctx(backend_src)->stream->push([src_data, dst_data, nbytes] { memcpy(dst_data, src_data, nbytes); });
-    ev->record(*vctx(backend_src)->stream);
-    ev->wait_on(*vctx(backend_dst)->stream);
+    ggml_cpu_virtual_stream & stream_src = *vctx(backend_src)->stream;
+    ggml_cpu_virtual_stream & stream_dst = *vctx(backend_dst)->stream;
+    if (&stream_src != &stream_dst) {
+        auto dst_queued = std::make_shared<ggml_cpu_virtual_event>();
+        dst_queued->record(stream_dst);
+        dst_queued->wait_on(stream_src);
+    }
+    auto copied = std::make_shared<ggml_cpu_virtual_event>();
+    stream_src.push([src_data, dst_data, nbytes] { memcpy(dst_data, src_data, nbytes); });
+    copied->record(stream_src);
+    copied->wait_on(stream_dst);
     return true;
 }
 

@@ -1,7 +1,9 @@
 """Per-architecture checks, equivalent to upstream's tests/test-llama-archs.cpp.
 
-For each architecture (dense and MoE variants) a tiny random-weight model is built from GGUF
-metadata and run on every device configuration: NMSE of the logits vs the CPU < 1e-4, the
+For each architecture (dense and MoE variants, and ours: an MQA variant with one KV head for four
+query heads, which tensor split must replicate) a tiny random-weight model is built from GGUF
+metadata and run on every device configuration: NMSE of the logits vs the CPU < 1e-4 (the 128 tokens
+as one batch, then, ours too, N_DECODE single-token decode steps, the graph of generation), the
 causal-attention toggle, and a bitwise save/load round trip. A row is SKIP exactly where upstream
 skips it. Tensor split runs on CPU virtual devices (ggml/include/ggml-cpu-virtual.h), so the Meta
 backend is exercised without a GPU. The `Meta -so` rows run tensor split with split overlap (two
@@ -28,6 +30,7 @@ from pyllama_so import _llama, testing
 
 NMSE_MAX = 1e-4
 N_TOKENS = 128
+N_DECODE = 3  # single-token decode steps after the batch (not for encoder models)
 VIRTUAL_DEVICES = 3  # Meta rows over 2 and 3 of them
 # a quick representative subset: dense + MoE (llama), MQA (qwen3), sliding window (gemma3),
 # hybrid conv/attention (lfm2), pure recurrent (mamba)
@@ -54,6 +57,7 @@ class Row:
     arch: str
     moe: bool
     device: str
+    mqa: bool = False
     nmse: float | None = None
     nmse_status: str = "SKIP"
     roundtrip_status: str = "SKIP"
@@ -71,7 +75,7 @@ class Row:
 
     @property
     def config(self) -> str:
-        return "MoE" if self.moe else "Dense"
+        return "MoE" if self.moe else ("MQA" if self.mqa else "Dense")
 
 
 def ensure_virtual_devices(n: int = VIRTUAL_DEVICES) -> int:
@@ -130,14 +134,21 @@ def _is_gpu(dev: dict) -> bool:
     return dev["type"] in ("gpu", "igpu")  # callers have left the virtual CPU devices out
 
 
-def variants(arch: str) -> list[bool]:
-    """The MoE flags upstream tests for an architecture: False (dense) and/or True (MoE)."""
+def variants(arch: str) -> list[tuple[bool, bool]]:
+    """The (moe, mqa) variants tested for an architecture: upstream's dense and/or MoE, then ours, MQA (dense
+    with one KV head for four query heads) where the architecture has one."""
     f = testing.arch_flags(arch)
-    return [moe for moe in (False, True) if (not moe or f["moe"]) and (moe or not f["moe_mandatory"])]
+    out = [(moe, False) for moe in (False, True) if (not moe or f["moe"]) and (moe or not f["moe_mandatory"])]
+    return out + [(False, True)] if f["mqa"] else out
 
 
-def cases(archs: Iterable[str]) -> list[tuple[str, bool]]:
-    return [(arch, moe) for arch in archs for moe in variants(arch)]
+def variant_name(moe: bool, mqa: bool) -> str:
+    return "moe" if moe else ("mqa" if mqa else "dense")
+
+
+def cases(archs: Iterable[str]) -> list[tuple[str, bool, bool]]:
+    """(arch, moe, mqa) for every variant of every architecture."""
+    return [(arch, moe, mqa) for arch in archs for moe, mqa in variants(arch)]
 
 
 def select_archs(regex: str | None = None) -> list[str]:
@@ -166,13 +177,14 @@ class Runner:
         self.stdev = stdev
         self.n_threads = n_threads
         self.tokens = tokens(seed)
-        self._cpu: dict[tuple[str, bool], np.ndarray | Exception] = {}  # a failure is kept too: no rebuild per row
-        # logits of passed plain Meta rows, by (arch, moe, devices): what the -so rows must equal bitwise
-        self._meta: dict[tuple[str, bool, tuple[str, ...]], np.ndarray] = {}
+        # by (arch, moe, mqa); a failure is kept too: no rebuild per row
+        self._cpu: dict[tuple[str, bool, bool], np.ndarray | Exception] = {}
+        # logits of passed plain Meta rows, by (arch, moe, mqa, devices): what the -so rows must equal bitwise
+        self._meta: dict[tuple[str, bool, bool, tuple[str, ...]], np.ndarray] = {}
 
-    def _model(self, arch: str, moe: bool, devices: Sequence[str], split_mode: str) -> _llama.Model:
+    def _model(self, arch: str, moe: bool, devices: Sequence[str], split_mode: str, mqa: bool = False) -> _llama.Model:
         return testing.arch_model(arch, moe, resolve(devices), split_mode, seed=self.seed, stdev=self.stdev,
-                                 drop_keys=_DROP_KEYS.get(arch, ()))
+                                  drop_keys=_DROP_KEYS.get(arch, ()), mqa=mqa)
 
     @staticmethod
     def n_ubatch(encode: bool) -> int:
@@ -186,15 +198,24 @@ class Runner:
     def _logits(self, model: _llama.Model, encode: bool) -> np.ndarray:
         ctx = self._context(model, encode)
         try:
-            return testing.arch_logits(ctx, self.tokens, encode)
+            return self.decode(ctx, encode)
         finally:
             ctx.free()
 
-    def cpu_logits(self, arch: str, moe: bool, encode: bool) -> np.ndarray:
-        key = (arch, moe)
+    def decode(self, ctx: _llama.Context, encode: bool) -> np.ndarray:
+        """The logits of the tokens as one batch, then (not for an encoder) of N_DECODE single-token decode
+        steps after them: (N_TOKENS [+ N_DECODE], n_vocab)."""
+        logits = testing.arch_logits(ctx, self.tokens, encode)
+        if encode:
+            return logits
+        steps = [ctx.decode(self.tokens[i:i + 1], all_logits=True) for i in range(N_DECODE)]
+        return np.concatenate([logits, *steps])
+
+    def cpu_logits(self, arch: str, moe: bool, encode: bool, mqa: bool = False) -> np.ndarray:
+        key = (arch, moe, mqa)
         if key not in self._cpu:
             try:
-                model = self._model(arch, moe, [], "layer")
+                model = self._model(arch, moe, [], "layer", mqa)
                 try:
                     self._cpu[key] = self._logits(model, encode)
                 finally:
@@ -206,19 +227,19 @@ class Runner:
             raise ref
         return ref
 
-    def meta_logits(self, arch: str, moe: bool, cfg: DeviceConfig, encode: bool) -> np.ndarray:
+    def meta_logits(self, arch: str, moe: bool, cfg: DeviceConfig, encode: bool, mqa: bool = False) -> np.ndarray:
         """The plain Meta logits on cfg's devices: those of its row when it passed, else computed now."""
-        key = (arch, moe, cfg.devices)
+        key = (arch, moe, mqa, cfg.devices)
         if key not in self._meta:
-            model = self._model(arch, moe, cfg.devices, cfg.split_mode)
+            model = self._model(arch, moe, cfg.devices, cfg.split_mode, mqa)
             try:
                 return self._logits(model, encode)
             finally:
                 model.free()
         return self._meta[key]
 
-    def run(self, arch: str, moe: bool, cfg: DeviceConfig) -> Row:
-        row = Row(arch, moe, cfg.label)
+    def run(self, arch: str, moe: bool, cfg: DeviceConfig, mqa: bool = False) -> Row:
+        row = Row(arch, moe, cfg.label, mqa)
         try:
             self._run(row, cfg)
         except Exception as e:  # upstream aborts the run; we fail the row and go on
@@ -243,13 +264,13 @@ class Runner:
             return
         encode = f["encode"]
         row.executed = True
-        ref = self.cpu_logits(row.arch, row.moe, encode)
-        meta = self.meta_logits(row.arch, row.moe, cfg, encode) if cfg.split_overlap else None
-        model = self._model(row.arch, row.moe, cfg.devices, cfg.split_mode)
+        ref = self.cpu_logits(row.arch, row.moe, encode, row.mqa)
+        meta = self.meta_logits(row.arch, row.moe, cfg, encode, row.mqa) if cfg.split_overlap else None
+        model = self._model(row.arch, row.moe, cfg.devices, cfg.split_mode, row.mqa)
         try:
             ctx = self._context(model, encode, cfg.split_overlap)
             try:
-                logits = testing.arch_logits(ctx, self.tokens, encode)
+                logits = self.decode(ctx, encode)
                 row.nmse = nmse(ref, logits)
                 row.nmse_status = "OK" if row.nmse <= NMSE_MAX else "FAIL"
                 if meta is not None:
@@ -257,7 +278,7 @@ class Runner:
                 if row.nmse_status == "OK" and not encode and not testing.arch_causal_toggle_ok(ctx, self.tokens):
                     row.nmse_status = "FAIL (toggle)"
                 if cfg.tensor and not cfg.split_overlap and row.nmse_status == "OK":
-                    self._meta[(row.arch, row.moe, cfg.devices)] = logits
+                    self._meta[(row.arch, row.moe, row.mqa, cfg.devices)] = logits
             finally:
                 ctx.free()
             # upstream: the saver copies tensors, which breaks the Meta backend's tensor mapping
@@ -284,7 +305,7 @@ class Runner:
         elif not np.array_equal(logits, meta, equal_nan=True):
             differ = int((logits != meta).any(axis=-1).sum())
             row.nmse_status = "FAIL (vs. Meta)"
-            row.error = (f"logits differ from plain Meta's in {differ} of {len(meta)} tokens "
+            row.error = (f"logits differ from plain Meta's in {differ} of {len(meta)} logit rows "
                          "(split overlap must be bitwise identical)")
 
     def _roundtrip_equal(self, model: _llama.Model, cfg: DeviceConfig, encode: bool, logits: np.ndarray) -> bool:
@@ -340,9 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner = Runner(args.seed, args.stdev, args.threads)
     rows: list[Row] = []
     t0 = time.perf_counter()
-    for arch, moe in cases(archs):
+    for arch, moe, mqa in cases(archs):
         for cfg in configs:
-            row = runner.run(arch, moe, cfg)
+            row = runner.run(arch, moe, cfg, mqa)
             rows.append(row)
             status = "FAIL" if row.failed else ("ok" if row.executed else "skip")
             note = row.error or (row.skip_reason if not row.executed else "")

@@ -19,6 +19,7 @@ from pyllama_so.testing._fixtures import (
     kv_cell_bytes,
     lane_race,
     random_model,
+    weight_split,
 )
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "kv_cell_bytes",
     "lane_race",
     "random_model",
+    "weight_split",
 ]

@@ -186,10 +186,11 @@ cdef extern from "arch-fixtures.h" nogil:
         PYLLAMA_SO_ARCH_ENCODE
         PYLLAMA_SO_ARCH_SM_TENSOR
         PYLLAMA_SO_ARCH_SAVER
+        PYLLAMA_SO_ARCH_MQA
     size_t pyllama_so_arch_count()
     const char * pyllama_so_arch_name(size_t i)
     uint32_t pyllama_so_arch_flags(const char * arch)
-    gguf_context * pyllama_so_arch_metadata(const char * arch, bint moe)
+    gguf_context * pyllama_so_arch_metadata(const char * arch, bint moe, bint mqa)
 
 
 def arch_names():
@@ -209,6 +210,7 @@ def arch_flags(str arch):
         "encode": bool(f & PYLLAMA_SO_ARCH_ENCODE),
         "sm_tensor": bool(f & PYLLAMA_SO_ARCH_SM_TENSOR),
         "saver": bool(f & PYLLAMA_SO_ARCH_SAVER),
+        "mqa": bool(f & PYLLAMA_SO_ARCH_MQA),
     }
 
 
@@ -229,10 +231,13 @@ cdef llama_model_params _arch_model_params(list device_indices, str split_mode, 
 
 
 def arch_model(str arch, bint moe, list device_indices, str split_mode="layer", *, uint64_t seed=42,
-               float stdev=0.1, drop_keys=(), attn_split=None):
+               float stdev=0.1, drop_keys=(), attn_split=None, bint mqa=False):
     """A random-weight model of the architecture's test fixture, on the given ggml devices (attn_split:
-    split_mode "tensor" only, one proportion per device)."""
-    cdef gguf_context * g = pyllama_so_arch_metadata(arch.encode(), moe)
+    split_mode "tensor" only, one proportion per device; mqa: the MQA variant, four query heads and one KV
+    head, dense only)."""
+    if mqa and moe:
+        raise ValueError("the MQA variant is dense: mqa and moe together")
+    cdef gguf_context * g = pyllama_so_arch_metadata(arch.encode(), moe, mqa)
     if g == NULL:
         raise ValueError(f"unknown architecture {arch!r}")
     cdef ggml_backend_dev_t * devs = <ggml_backend_dev_t *> calloc(len(device_indices) + 1, sizeof(ggml_backend_dev_t))
@@ -322,6 +327,8 @@ cdef extern from "lane-fixtures.h" nogil:
     int pyllama_so_testing_context_bytes(const llama_context * ctx, const char ** names, size_t * bytes, int n_out)
     int pyllama_so_testing_kv_cell_bytes(const llama_context * ctx, ggml_type type_k, ggml_type type_v,
                                          size_t * out, int n_out)
+    int pyllama_so_testing_weight_split(const llama_model * model, const char * name, int64_t * ne, int n_out,
+                                        int * n_dev)
     int pyllama_so_testing_lane_race(const int * device_indices, int n_devs, int n_subgraphs, int n_ubatches,
                                      int lanes, int64_t delay_us_lane0, int64_t delay_us_lane1, float * out)
 
@@ -359,6 +366,24 @@ def kv_cell_bytes(Context ctx, type_k="f16", type_v="f16"):
     if n < 0:
         raise RuntimeError(f"pyllama_so_testing_kv_cell_bytes failed ({n})")
     return [out[i] for i in range(n)]
+
+
+_SPLIT_AXES = {0: "0", 1: "1", 2: "2", 3: "3", 10: "mirrored", 11: "partial"}
+
+
+def weight_split(Model model, str name):
+    """Where the model's tensor split puts a weight: (axis, [slice size per device]); axis is "0".."3" (the sizes
+    along it) or "mirrored" (every device holds all of it; sizes 0)."""
+    model._check_open()
+    cdef int64_t ne[64]
+    cdef bytes bname = name.encode()
+    cdef int n_dev = 0
+    cdef int axis = pyllama_so_testing_weight_split(model.ptr, bname, ne, 64, &n_dev)
+    if axis == -1:
+        raise ValueError("the model is not split by tensor")
+    if axis == -2:
+        raise KeyError(name)
+    return _SPLIT_AXES.get(axis, str(axis)), [ne[j] for j in range(n_dev)]
 
 
 def lane_race(list device_indices, int n_subgraphs=6, int n_ubatches=8, bint lanes=True, delays_us=(0, 0)):
