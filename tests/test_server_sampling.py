@@ -4,7 +4,6 @@ OpenAI formats equal Llama's; values out of range are 400s naming the field."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,21 +11,9 @@ import pytest
 
 from cuda_devices import cuda_device_count
 from pyllama_so import Llama
-from test_server import MAIN_ARGS, N_BATCH, N_UBATCH, SLOT_CTX, Server
+from test_server import MAIN_ARGS, Server, llm, server  # noqa: F401 (the module-scoped fixtures)
 
 PROMPT = "The quick brown fox"
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[Server]:
-    with Server(["-m", str(tiny_model), *MAIN_ARGS]) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_model: Path) -> Iterator[Llama]:
-    with Llama(tiny_model, n_ctx=SLOT_CTX, n_batch=N_BATCH, n_ubatch=N_UBATCH, n_threads=2) as llm:
-        yield llm
 
 
 def ask(server: Server, **body: object) -> dict:
