@@ -154,6 +154,32 @@ def test_mqa_tensor_split_equals_cpu(arch: str, n_devices: int, attn_split) -> N
     assert same_bits(meta, lanes), f"max |diff| {np.abs(meta - lanes).max()}"
 
 
+@pytest.mark.parametrize("n_devices, attn_split", LAYOUTS,
+                         ids=lambda v: str(v) if isinstance(v, int) else ("even" if v is None else
+                                                                           "as-" + "-".join(str(int(p)) for p in v)))
+@pytest.mark.parametrize("arch", ["gemma3", "plamo3"])
+def test_mqa_token_by_token_equals_cpu(arch: str, n_devices: int, attn_split) -> None:
+    """Every graph with one token (ubatches of 1): the Meta buffers cache split states by node, and a decode
+    graph's node can match a prompt graph's node bytewise, so after a prompt a decode step may reuse the
+    prompt's split states; with no prompt graph each one-token graph's split states are worked out."""
+    tokens = _TOKENS[:24]
+
+    def logits(devices: list[int], split_mode: str, split=None) -> np.ndarray:
+        model = _model(arch, devices, split_mode, split)
+        try:
+            ctx = _llama.Context(model, n_ctx=64, n_batch=1, n_ubatch=1, n_threads=1)
+            try:
+                return np.concatenate([ctx.decode([t], all_logits=True) for t in tokens])
+            finally:
+                ctx.free()
+        finally:
+            model.free()
+
+    cpu = logits([], "none")
+    meta = logits(virtual_devices(n_devices), "tensor", attn_split)
+    assert nmse(cpu, meta) < 1e-4, nmse(cpu, meta)
+
+
 def test_unsplittable_layout_is_a_load_error() -> None:
     """Qwen's fused QKV is 3 x n_embd whatever the KV head count, so the MQA metadata contradicts the rows the
     split cuts it into: loading under tensor split fails naming the tensor and why (upstream's split function

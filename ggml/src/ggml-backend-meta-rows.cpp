@@ -14,6 +14,9 @@ bool ggml_backend_meta_reshape_splits_whole_rows(
     if (tensor->ne[1] != 1 || tensor->ne[0] > src->ne[0]) {
         return false;
     }
+    if (src_ss.axis == GGML_BACKEND_SPLIT_AXIS_1 && src->ne[1] == 1) {
+        return false; // [ne0, 1, 1] -> [ne0, 1] merges the head axis into the rows: upstream answers axis 0, as for n > 1
+    }
     const int64_t ne_axis = src->ne[src_ss.axis];
     for (size_t j = 0; j < n_bufs; j++) {
         if (src_ss.ne[j] != 0 && src_ss.ne[j] != ne_axis) {
