@@ -141,9 +141,6 @@ def test_tensor_split(runs: dict[str, Runs], tmp_path_factory: pytest.TempPathFa
     """Meta over 2 and 3 virtual devices, with split overlap and with the attention on one device, against the CPU;
     a -so row must also have run both lanes and equal its plain Meta row bitwise. Then a greedy continuation, one
     token per decode, must still count on."""
-    if name == "gemma3-270m" and "-as" in label:  # issue 23: still open for the attention on one device
-        pytest.xfail("Gemma 3 (one KV head) with all attention on one device aborts on the first one-token decode "
-                     "at ggml-backend-meta.cpp:794 (GGML_ASSERT(src_ss[0].axis != GGML_BACKEND_SPLIT_AXIS_1))")
     r = _runs(runs, name, tmp_path_factory)
     cfg = TENSOR[label]
     got = r.run(label, r.job(split_mode="tensor", generate_after=COUNT[0], **cfg))
