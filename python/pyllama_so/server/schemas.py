@@ -38,31 +38,31 @@ class GenerationRequest(_Body):
     """The fields both endpoints share. The sampling defaults are Llama's (and llama-server's)."""
 
     model: Text | None = None  # any name: the server has one model
-    # sampling: llama-cpp-python's names and defaults (llama-server's where it names one differently);
-    # the ranges are SamplingParams' (one rule, one message), checked when the job is made
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    repeat_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    # sampling: llama-cpp-python's names (llama-server's where it names one differently); None takes
+    # SamplingParams' default, and its ranges (one rule, one message) are checked when the job is made
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    repeat_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     penalty_last_n: int | None = None
     repeat_last_n: int | None = None  # llama-server's name of penalty_last_n
     mirostat_mode: int | None = None
     mirostat: int | None = None  # llama-server's name of mirostat_mode
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[Text] | None = None
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    top_n_sigma: float = -1.0
-    min_keep: int = 0
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    top_n_sigma: float | None = None
+    min_keep: int | None = None
     logit_bias: dict[Text, float] | None = None  # OpenAI's: token id (as a string) -> bias
     seed: int | None = None
     stop: Text | list[Text] | None = None
@@ -76,19 +76,15 @@ class GenerationRequest(_Body):
     response_format: dict[str, Any] | None = None
 
     def sampling(self) -> SamplingParams:
-        """The sampling parameters; ValueError naming the one out of range."""
-        last_n = self.penalty_last_n if self.penalty_last_n is not None else self.repeat_last_n
-        mirostat = self.mirostat_mode if self.mirostat_mode is not None else self.mirostat
-        extra = {} if self.dry_sequence_breakers is None else {"dry_sequence_breakers": tuple(self.dry_sequence_breakers)}
-        return SamplingParams(
-            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-            typical_p=self.typical_p, repeat_penalty=self.repeat_penalty, frequency_penalty=self.frequency_penalty,
-            presence_penalty=self.presence_penalty, penalty_last_n=64 if last_n is None else last_n,
-            mirostat_mode=0 if mirostat is None else mirostat, mirostat_tau=self.mirostat_tau,
-            mirostat_eta=self.mirostat_eta, dry_multiplier=self.dry_multiplier, dry_base=self.dry_base,
-            dry_allowed_length=self.dry_allowed_length, dry_penalty_last_n=self.dry_penalty_last_n,
-            xtc_probability=self.xtc_probability, xtc_threshold=self.xtc_threshold, top_n_sigma=self.top_n_sigma,
-            min_keep=self.min_keep, logit_bias=self.logit_bias, seed=self.seed, **extra)
+        """The sampling parameters (fields left out take SamplingParams' defaults, the one place they are
+        written); ValueError naming the one out of range."""
+        names = set(SamplingParams.names()) - {"penalty_last_n", "mirostat_mode", "dry_sequence_breakers"}
+        given = {n: getattr(self, n) for n in names}
+        breakers = None if self.dry_sequence_breakers is None else tuple(self.dry_sequence_breakers)
+        return SamplingParams.from_kwargs(
+            **given, dry_sequence_breakers=breakers,
+            penalty_last_n=self.penalty_last_n if self.penalty_last_n is not None else self.repeat_last_n,
+            mirostat_mode=self.mirostat_mode if self.mirostat_mode is not None else self.mirostat)
 
     @property
     def n_logprobs(self) -> int | None:
