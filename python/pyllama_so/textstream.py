@@ -10,12 +10,19 @@ import codecs
 from collections.abc import Callable, Sequence
 
 
+CONTEXT = 8  # tokens before a new one that its rendering may depend on
+
+
 class TextStream:
     """push() each generated token and send what it returns; finish() gives the rest.
 
-    The text is detokenize(tokens) decoded with invalid bytes replaced: the whole output is detokenized
-    again at each token, because a tokenizer may render a token differently at the start of the text
-    than after others. An incomplete trailing character waits in the decoder for the next token's bytes.
+    The text is detokenize(tokens) decoded with invalid bytes replaced. A tokenizer may render a token
+    differently at the start of the text than after others, and may clean up spaces between neighbours,
+    so a token's bytes are what detokenize adds for it after the tokens before it: the first CONTEXT
+    tokens are detokenized whole, later ones through a window of the CONTEXT tokens before them (constant
+    work per token; long generations would otherwise cost O(n) per token). Where the window's text is
+    not a prefix of the window-plus-token's, the whole output is detokenized again. An incomplete
+    trailing character waits in the decoder for the next token's bytes.
     Text that may be the start of a stop string is held back until it cannot be; a stop string is found
     as soon as it is complete, so it never starts in text already returned.
     """
@@ -36,9 +43,7 @@ class TextStream:
         if self.stopped:
             raise RuntimeError("the text already ended at a stop string")
         self.tokens.append(token)
-        data = self._detokenize(self.tokens)
-        self._text += self._decoder.decode(data[self._fed:])
-        self._fed = len(data)
+        self._text += self._decoder.decode(self._new_bytes())
         hits = [i for i in (self._text.find(s, self._sent) for s in self.stops) if i >= 0]
         if hits:
             self._text, self.stopped = self._text[: min(hits)], True
@@ -47,6 +52,19 @@ class TextStream:
             return ""
         out, self._sent = self._text[self._sent:ready], ready
         return out
+
+    def _new_bytes(self) -> bytes:
+        """What the last token adds to detokenize(tokens)."""
+        n = len(self.tokens)
+        if n > CONTEXT:
+            window = self.tokens[n - 1 - CONTEXT:]
+            before, after = self._detokenize(window[:-1]), self._detokenize(window)
+            if after.startswith(before):
+                self._fed += len(after) - len(before)
+                return after[len(before):]
+        data = self._detokenize(self.tokens)
+        new, self._fed = data[self._fed:], len(data)
+        return new
 
     def finish(self) -> str:
         """The text held back; an incomplete last character becomes U+FFFD (unless a stop string ended it)."""
