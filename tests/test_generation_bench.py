@@ -13,7 +13,8 @@ SCRIPT = REPO / "scripts" / "generation-bench"
 def test_reports_every_rate_and_ratio(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "gen.json"
     res = subprocess.run([sys.executable, str(SCRIPT), "-m", str(tiny_model), "-p", "16", "-n", "8", "-r", "1",
-                          "--streams", "1,3", "-t", "2", "--json", str(out)], capture_output=True, text=True, timeout=300)
+                          "--streams", "1,3", "-t", "2", "--sampling-threads", "1,2", "--requests", "5",
+                          "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(out.read_text())
     c = data["completion"]
@@ -24,6 +25,10 @@ def test_reports_every_rate_and_ratio(tiny_model: Path, tmp_path: Path) -> None:
         assert all(d[m]["mean"] > 0 for m in ("raw", "sampled", "backend"))
         assert d["backend"]["in_graph"] is True  # the CPU backend takes the default chain
     assert "| streams | raw decode t/s |" in res.stdout
+    assert all(set(d["sampled_by_threads"]) == {"1", "2"} for d in data["decode"])
+    # the workload: 5 requests of 8 tokens in waves of 1 and of 3, on a context of 3 slots
+    assert [w["streams"] for w in data["workload"]] == [1, 3] and all(w["mean"] > 0 for w in data["workload"])
+    assert data["workload_context"]["slots"] == 3
 
 
 def test_bad_stream_count_is_an_argparse_error() -> None:
