@@ -63,7 +63,7 @@ def test_load_and_mixed_against_our_server(tiny_model: Path, tmp_path: Path) -> 
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
     assert lines[0] == ("| server | C | requests | errors | output tok/s | TTFT p50 ms | TTFT p90 ms | ITL p50 ms "
-                        "| ITL p90 ms |")
+                        "| ITL p90 ms | host ms/step |")
     assert [line.split(" | ")[:4] for line in lines[2:4]] == [["| ours", "1", "3", "0"], ["| ours", "2", "3", "0"]]
     assert lines[5].startswith("| server | C | long prompts | prompt t/s |")
     assert [line.split(" | ")[:3] for line in lines[7:9]] == [["| ours", "1", "300,200"], ["| ours", "2", "300,200"]]
@@ -76,6 +76,8 @@ def test_load_and_mixed_against_our_server(tiny_model: Path, tmp_path: Path) -> 
     assert [(r["scenario"], r["concurrency"]) for r in report["runs"]] == [
         ("load", 1), ("mixed", 1), ("load", 2), ("mixed", 2)]
     for r in report["runs"]:
+        # our engine's steps of the run, from /slots: at least one per generated token of a stream
+        assert r["engine_steps"]["steps"] >= 12 and r["engine_steps"]["host_ms_mean"] > 0
         if r["scenario"] == "load":
             check_load_run(r, r["concurrency"], 3, 24, 12)
             continue
