@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cuda_devices import cuda_device_count
+
 from pyllama_so import Llama, LlamaError, ModelLoadError, _llama, synth, testing
 from pyllama_so.archs import nmse
 from pyllama_so.embeddings import embed_tokens, normalize
@@ -26,6 +28,9 @@ TEXTS = ["hello world", "a", "The quick brown fox", "0123456789 and more"]
 N_EMBD = synth.SHAPES["tiny"].n_embd
 SMOLLM2 = synth.default_cache_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = synth.default_cache_dir() / "gemma-3-270m-q4_k_m.gguf"
+# two computations of the same values: float32 on the CPU agrees to 1e-4; a CUDA build (the model offloaded,
+# F16 products, reduction orders that depend on the batch shape) differs by up to about 2e-3
+SAME = {"rtol": 5e-3, "atol": 5e-3} if cuda_device_count() > 0 else {"rtol": 1e-4, "atol": 1e-5}
 
 
 def real_model(path: Path) -> Path:
@@ -69,7 +74,7 @@ def test_pooled_embeddings_pool_the_per_token_ones(tiny_model: Path, embedder: L
         pooled = np.array(llm.embed(TEXTS))
     assert pooled.shape == (len(TEXTS), N_EMBD)
     for h, p in zip(per_token, pooled):
-        np.testing.assert_allclose(p, pick(h), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(p, pick(h), **SAME)
 
 
 def test_inputs_batched_together_equal_each_alone(tiny_model: Path) -> None:
@@ -79,7 +84,7 @@ def test_inputs_batched_together_equal_each_alone(tiny_model: Path) -> None:
     with Llama(tiny_model, n_ctx=256, n_batch=16, embedding=True, pooling_type="mean", n_threads=2) as llm:
         together = np.array(llm.embed(many))
         alone = np.array([llm.embed(t) for t in many])
-    np.testing.assert_allclose(together, alone, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(together, alone, **SAME)
     assert not np.allclose(together[0], together[1])  # different texts, different vectors
 
 
@@ -317,7 +322,7 @@ def test_lora_adds_scale_times_b_a_to_the_output(tiny_model: Path, lora_output: 
     with Llama(tiny_model, n_ctx=256, lora_path=path, lora_scale=scale, lora_base="ignored", n_threads=2) as llm:
         assert (llm.lora_path, llm.lora_scale, llm.lora_base) == (str(path), scale, "ignored")
         got = llm.eval(tokens)
-    np.testing.assert_allclose(got, logits + scale * (h @ a.T @ b.T), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, logits + scale * (h @ a.T @ b.T), **{**SAME, "atol": max(SAME["atol"], 1e-4)})
     assert np.abs(got - logits).max() > 0.01
 
 
@@ -328,7 +333,8 @@ def test_lora_alpha_scales_by_alpha_over_rank(tiny_model: Path, tmp_path: Path,
     with Llama(tiny_model, n_ctx=256, lora_path=path, lora_scale=0.5, n_threads=2) as half:
         want = half.eval(half.tokenize(PROMPT))
     with Llama(tiny_model, n_ctx=256, lora_path=with_alpha, n_threads=2) as llm:
-        np.testing.assert_allclose(llm.eval(llm.tokenize(PROMPT)), want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(llm.eval(llm.tokenize(PROMPT)), want, **(SAME if cuda_device_count() else
+                                                                             {"rtol": 1e-5, "atol": 1e-5}))
 
 
 def test_lora_of_attention_and_ffn_changes_generation_reproducibly(tiny_model: Path, tmp_path: Path) -> None:
