@@ -311,6 +311,44 @@ def test_backend_sampling_gives_the_same_greedy_tokens(tiny_model: Path) -> None
         assert a["logprobs"]["token_logprobs"] == pytest.approx(b["logprobs"]["token_logprobs"], abs=TOL)
 
 
+def test_a_step_begun_and_ended_equals_decode_batch_sample(tiny_model: Path) -> None:
+    """decode_batch_sample_begin + _end (the server's step left running while it streams text) give what
+    decode_batch_sample gives, over several steps with a prompt piece, a batch larger than n_batch and
+    logprobs; in between, any other call on the context is a RuntimeError and leaves the step intact."""
+    from pyllama_so import _llama
+    model = _llama.Model.load(tiny_model)
+    try:
+        runs = []
+        for split in (False, True):
+            ctx = _llama.Context(model, n_ctx=1024, n_batch=16, n_ubatch=16, n_seq_max=3, n_threads=2)
+            samplers = [_llama.Sampler(model, SamplingParams(seed=s, temperature=1.0), n_ctx=256) for s in range(3)]
+            items = [(0, list(range(5, 30)), samplers[0], 2), (1, [8, 9], samplers[1], None), (2, [10, 11], None, None)]
+            out = []
+            for _ in range(6):
+                if split:
+                    ctx.decode_batch_sample_begin(items)
+                    with pytest.raises(RuntimeError, match="decode_batch_sample_end"):
+                        ctx.decode_batch([(2, [3], False)])
+                    with pytest.raises(RuntimeError, match="decode_batch_sample_end"):
+                        ctx.truncate(0, 1)
+                    got = ctx.decode_batch_sample_end()
+                else:
+                    got = ctx.decode_batch_sample(items)
+                assert got[2] is None
+                out.append([(g[0], None if g[1] is None else round(g[1], 5)) for g in got[:2]])
+                items = [(0, [got[0][0]], samplers[0], 2), (1, [got[1][0]], samplers[1], None),
+                         (2, [12], None, None)]
+            with pytest.raises(RuntimeError, match="no step"):
+                ctx.decode_batch_sample_end()
+            runs.append(out)
+            for smp in samplers:
+                smp.free()
+            ctx.free()
+        assert runs[0] == runs[1]
+    finally:
+        model.free()
+
+
 def test_a_steps_rows_sampled_on_several_threads_equal_one_thread(tiny_model: Path) -> None:
     """decode_batch_sample samples the output rows of a step on sampling_threads threads, each sequence with
     its own chain: the tokens are those of one thread, seeded draws and grammars included."""

@@ -12,6 +12,29 @@ def max_parallel_sequences():
     return llama_max_parallel_sequences()
 
 
+cdef tuple _sample_items(items):
+    """decode_batch_sample's items as _decode_items takes them: (seq_id, tokens, wants output) triples, and
+    the samplers and logprob counts of the items with an output, checked."""
+    triples = [(s, t, smp is not None) for s, t, smp, _ in items]
+    samplers = [smp for _, _, smp, _ in items if smp is not None]
+    tops = [n for _, _, smp, n in items if smp is not None]
+    for smp in samplers:
+        (<Sampler?> smp)._check_open()
+    for n in tops:
+        if n is not None:
+            check_logprobs(n, "n_logprobs")
+    return triples, samplers, tops
+
+
+cdef list _per_item(items, list sampled):
+    """The sampled outputs spread back over the items: None for an item without a sampler."""
+    out, k = [], 0
+    for _, _, smp, _ in items:
+        out.append(None if smp is None else sampled[k])
+        k += smp is not None
+    return out
+
+
 cdef class Context:
     """A llama_context on a Model, with one reusable batch. Free with free() (idempotent)."""
 
@@ -34,7 +57,10 @@ cdef class Context:
         self.ptr = NULL
         self.batch_cap = 0
         self.backend_samplers = {}
-        self.sampling_threads = max(1, (os.cpu_count() or 1) // 2)  # the rows of a step are sampled in parallel
+        # the rows of a step are sampled in parallel, on 3/4 of the CPUs this process may use: on 16 cores,
+        # 12 threads sampled 32 rows 6 % faster than 8, 15 no faster than 12 (docs/benchmarks.md)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.sampling_threads = max(1, cpus * 3 // 4)
 
     def __init__(self, Model model, *, int n_ctx=0, int n_batch=2048, int n_ubatch=512, int n_seq_max=1,
                  int n_threads=-1, int n_threads_batch=-1, flash_attn="auto", type_k="f16",
@@ -86,6 +112,7 @@ cdef class Context:
         self._release()
 
     cdef void _release(self) noexcept:
+        self.begun = None  # llama_free waits for the step still running
         for smp in self.backend_samplers.values():
             (<Sampler> smp).backend = None
         self.backend_samplers.clear()
@@ -104,6 +131,9 @@ cdef class Context:
     cdef void _check_open(self) except *:
         if self.ptr == NULL:
             raise ValueError("the context is closed")
+        if self.begun is not None:
+            raise RuntimeError("a step of decode_batch_sample_begin() is running: call decode_batch_sample_end() "
+                               "before anything else on this context")
 
     @property
     def closed(self):
@@ -339,20 +369,32 @@ cdef class Context:
         that item (a prompt piece); n_logprobs None: no log-probabilities, else the top n_logprobs.
         Returns one entry per item, in order: None for items without a sampler, else (token, logprob,
         top) where logprob and top are None without n_logprobs."""
-        triples = [(s, t, smp is not None) for s, t, smp, _ in items]
-        samplers = [smp for _, _, smp, _ in items if smp is not None]
-        tops = [n for _, _, smp, n in items if smp is not None]
+        triples, samplers, tops = _sample_items(items)
+        return _per_item(items, self._decode_items(triples, "decode_batch_sample", samplers, tops))
+
+    def decode_batch_sample_begin(self, items):
+        """decode_batch_sample(items) up to its last llama_decode call, which is left running on the
+        devices (llama_decode returns before a GPU has computed): the caller's thread is free, e.g. to
+        stream the text of the previous step, until decode_batch_sample_end() waits for it, samples its
+        rows and returns what decode_batch_sample(items) would. In between, every other call on this
+        context is a RuntimeError; the items' samplers must stay open."""
+        triples, samplers, tops = _sample_items(items)
+        self._decode_items(triples, "decode_batch_sample", samplers, tops, defer_last=True)
+        self.begun = (items,) + self.begun
+
+    def decode_batch_sample_end(self):
+        """The outputs of the step decode_batch_sample_begin() left running (see decode_batch_sample)."""
+        if self.ptr == NULL:
+            raise ValueError("the context is closed")
+        if self.begun is None:
+            raise RuntimeError("no step of decode_batch_sample_begin() is running")
+        items, rows, start, n, samplers, tops, out, n_vocab = self.begun
+        self.begun = None
         for smp in samplers:
             (<Sampler?> smp)._check_open()
-        for n in tops:
-            if n is not None:
-                check_logprobs(n, "n_logprobs")
-        sampled = self._decode_items(triples, "decode_batch_sample", samplers, tops)
-        out, k = [], 0
-        for _, _, smp, _ in items:
-            out.append(None if smp is None else sampled[k])
-            k += smp is not None
-        return out
+        self._sample_outputs(rows, start, n, samplers, tops, out, n_vocab)
+        _check_rpc_servers(self.model.rpc_servers, "decode_batch_sample")
+        return _per_item(items, out)
 
     def decode_sequences(self, seqs):
         """Append tokens to several sequences at once: the tokens of every sequence share each
@@ -375,7 +417,7 @@ cdef class Context:
 
     @cython.boundscheck(False)  # the per-token batch loop below; every index is built in range above
     @cython.wraparound(False)   # so no negative index anywhere in this function (tests/test_build.py)
-    def _decode_items(self, list items, str what, list samplers=None, list tops=None):
+    def _decode_items(self, list items, str what, list samplers=None, list tops=None, bint defer_last=False):
         self._check_open()
         cdef uint32_t n_seq_max = llama_n_seq_max(self.ptr)
         cdef int32_t n_ctx_seq = llama_n_ctx_seq(self.ptr)
@@ -424,6 +466,9 @@ cdef class Context:
                 _check_rpc_servers(self.model.rpc_servers, what)
             _check_decode(rc, what)
             if in_c:
+                if defer_last and start + n >= total:  # left running: decode_batch_sample_end() samples it
+                    self.begun = (rows_np, start, n, samplers, tops, out, n_vocab)
+                    return None
                 self._sample_outputs(rows, start, n, samplers, tops, out, n_vocab)
                 continue
             for i in range(n):

@@ -453,6 +453,7 @@ cdef class Context:
     cdef dict backend_samplers  # seq_id -> Sampler attached with set_backend_sampler (kept alive here)
     cdef public int sampling_threads  # threads that sample a step's output rows (decode_batch_sample)
     cdef readonly bint embeddings  # decodes output embeddings (set_embeddings)
+    cdef object begun  # the step decode_batch_sample_begin left running, until decode_batch_sample_end
 
     cdef void _fill_batch(self, const int32_t[::1] toks, int32_t start, int32_t n, llama_pos pos0,
                           int32_t seq_id, bint all_logits, int32_t last)
