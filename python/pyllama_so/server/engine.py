@@ -7,9 +7,16 @@ token, not by its whole prefill), otherwise up to n_batch, whose ubatches split 
 between its lanes. A slot keeps the tokens of its last request in its part of the KV cache; a request
 goes to the free slot holding the longest prefix of its prompt, and only the rest is evaluated.
 
+A step is left running on the devices while the thread streams the text of the step before it
+(Context.decode_batch_sample_begin/_end): whether a slot goes on is decided from its sampled token
+(end of generation, max_tokens, the end of its context) before the next step starts; a stop string,
+found in the text afterwards, ends the request at once, and the one token the slot had in the running
+step is decoded and dropped.
+
 Who may touch what (llama-server's split of a task queue from its results):
 - The engine thread owns the Context, the Slots and their Samplers and the step counters: only it
   reads or writes them, and it calls into llama.cpp (decode, truncate, sampling) holding no lock.
+  While a step runs, it makes no call on the Context and frees no Sampler of that step.
 - Other threads (the HTTP side) go through the job queue: submit(), cancel(), drain() and stop()
   change a deque of waiting jobs and a few flags under one lock, which guards nothing else and under
   which no C call runs. Job.cancelled is the one field they write on a job the engine may hold.
@@ -183,7 +190,10 @@ class Slot:
     state: SlotState = SlotState.IDLE
     job: Job | None = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to evaluate
-    next_token: int = -1  # sampled and sent, decoded at the next step
+    next_token: int = -1  # sampled, decoded at the next step
+    continues: bool = False  # its last sampled token is decoded next (not an end, not its last)
+    n_sampled: int = 0  # tokens of this request sampled so far, end-of-generation ones not counted
+    in_step: bool = False  # it has tokens in the step that is running
     text: TextStream | None = None
     logprob_rows: LogprobRows | None = None  # with job.logprobs: each generated token's, until sent
     sent: int = 0  # characters of text emitted
@@ -213,8 +223,10 @@ class Slot:
 
 @dataclass(frozen=True)
 class Step:
-    """One llama_decode call: (slot id, tokens, kind) per slot, kind "prefill" or "generate"; seconds in
-    the decode, host_seconds in the rest of the step (admitting, sampling, detokenizing, emitting)."""
+    """One llama_decode call: (slot id, tokens, kind) per slot, kind "prefill" or "generate"; seconds from
+    starting it to its sampled outputs (the text of the step before is streamed meanwhile), host_seconds
+    the engine's work between the end of the step before and its start (reading the outputs, admitting,
+    building the batch): the time the devices wait for the host."""
 
     index: int
     items: tuple[tuple[int, int, str], ...]
@@ -295,6 +307,11 @@ class Engine:
         self._steps_by_slots: dict[int, int] = {}  # how many steps decoded 1, 2, ... slots together
         self._host_seconds = 0.0  # of all steps
         self._last_step: Step | None = None
+        self._running: list[tuple[Slot, Job, list[int], bool]] | None = None  # the step on the devices
+        self._running_kinds: tuple[tuple[int, int, str], ...] = ()  # its Step.items
+        self._t_step_start = 0.0  # of the running step
+        self._t_step_end: float | None = None  # of the last step that ended
+        self._free_after_step: list[_llama.Sampler] = []  # of slots released while their step runs
         self._split_overlap = ctx.split_overlap_stats()
         # the job queue: these fields only under _lock
         self._lock = threading.Condition()
@@ -390,6 +407,17 @@ class Engine:
         except BaseException as e:  # a bug here must not leave requests hanging
             log.exception("the engine failed")
             self.error = e
+            if self._running is not None:  # let the devices finish it before its samplers go
+                try:
+                    self.ctx.decode_batch_sample_end()
+                except Exception:
+                    pass
+                self._running = None
+                for s in self._slots:
+                    s.in_step = False
+                for smp in self._free_after_step:
+                    smp.free()
+                self._free_after_step.clear()
         with self._lock:
             self._stopping = True
             waiting = list(self._waiting)
@@ -405,9 +433,11 @@ class Engine:
         self._publish()
 
     def _step(self) -> bool:
-        """Take waiting jobs, decode one batch, sample. False when the engine stops."""
+        """End the running step, take waiting jobs, start the next step, stream the text of the one that
+        ended. False when the engine stops."""
+        outs = self._end_step()
         with self._lock:
-            while not (self._stopping or self._waiting or any(s.job is not None for s in self._slots)):
+            while not (self._stopping or self._waiting or outs or any(s.job is not None for s in self._slots)):
                 self._lock.wait()
             if self._stopping:
                 return False
@@ -415,63 +445,105 @@ class Engine:
             taken = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
             deadline = self._deadline
         # from here on without the lock: the slots are this thread's
-        t_start = time.perf_counter()
+        now = time.perf_counter()
         self._release_cancelled()
-        if deadline is not None and t_start >= deadline:
-            self._end_grace(t_start, taken)
+        if deadline is not None and now >= deadline:
+            self._stream(outs)
+            self._end_grace(now, taken)
             self._publish()
             return True
         for job in taken:
             self._admit(job)
-        busy = [s for s in self._slots if s.job is not None]
-        if not busy:
+        self._start_step()
+        self._stream(outs)  # while the step runs
+        if self._running is None:  # idle now: what cancels and admissions changed is in no step's snapshot
             self._publish()
-            return True
-        generating = [s for s in busy if s.state is SlotState.GENERATE]
+        return True
+
+    def _start_step(self) -> None:
+        """Start a llama_decode of the next token of every slot that goes on and pieces of the prompts:
+        while any slot generates, at most n_ubatch prompt tokens, else up to n_batch."""
+        busy = [s for s in self._slots if s.job is not None]
+        generating = [s for s in busy if s.state is SlotState.GENERATE and s.continues]
         prefilling = sorted((s for s in busy if s.state is SlotState.PREFILL), key=lambda s: s.t_admitted)
         budget = min(self.n_ubatch, self.n_batch - len(generating)) if generating else self.n_batch
-        items: list[tuple[Slot, list[int], bool]] = [(s, [s.next_token], True) for s in generating]
+        items: list[tuple[Slot, Job, list[int], bool]] = [(s, s.job, [s.next_token], True) for s in generating]
         for s in prefilling:
             if budget <= 0:
                 break
             piece = s.pending[:budget]
             budget -= len(piece)
-            items.append((s, piece, len(piece) == len(s.pending)))
+            items.append((s, s.job, piece, len(piece) == len(s.pending)))
+        if not items:
+            return
         # llama.cpp cuts a batch of several sequences (each with its own KV stream) into ubatches of
         # consecutive seq_ids: in seq_id order the generated tokens share one ubatch
         items.sort(key=lambda item: item[0].id)
-        kinds = tuple((s.id, len(toks), s.state.value) for s, toks, _ in items)
+        kinds = tuple((s.id, len(toks), s.state.value) for s, _, toks, _ in items)
         t0 = time.perf_counter()
         try:
-            # every output row is sampled in C by its slot's chain, right after its llama_decode call
-            sampled = self.ctx.decode_batch_sample([(s.id, toks, s.sampler if want else None, s.job.logprobs)
-                                                    for s, toks, want in items])
+            # every output row is sampled in C by its slot's chain when the step ends
+            self.ctx.decode_batch_sample_begin([(s.id, toks, s.sampler if want else None, job.logprobs)
+                                                for s, job, toks, want in items])
         except (_llama.LlamaError, ValueError) as e:
-            for s, _, _ in items:
+            for s, _, _, _ in items:
                 self._fail(s, f"decode failed: {e}")
             self._publish()
-            return True
+            return
+        for s, _, _, _ in items:
+            s.in_step = True
+        self._running, self._running_kinds, self._t_step_start = items, kinds, t0
+
+    def _end_step(self) -> list[tuple[Slot, Job, tuple[int, float | None, Any], float]]:
+        """Wait for the running step (if any) and take its outputs: the slots' tokens and prompt progress,
+        and from each sampled token whether its slot goes on. Returns the outputs whose text is to be
+        streamed: (slot, job, (token, logprob, top), time)."""
+        items, self._running = self._running, None
+        if items is None:
+            return []
+        try:
+            sampled = self.ctx.decode_batch_sample_end()
+        except (_llama.LlamaError, ValueError) as e:
+            sampled = None
+            error = e
         t1 = time.perf_counter()
+        for s, _, _, _ in items:
+            s.in_step = False
+        for smp in self._free_after_step:
+            smp.free()
+        self._free_after_step.clear()
+        if sampled is None:
+            for s, job, _, _ in items:
+                if s.job is job:
+                    self._fail(s, f"decode failed: {error}")
+            self._publish()
+            return []
         self._split_overlap = self.ctx.split_overlap_stats()
-        for (s, toks, want), out in zip(items, sampled):
-            s.tokens.extend(toks)
+        outs = []
+        for (s, job, toks, want), out in zip(items, sampled):
+            s.tokens.extend(toks)  # in its KV cache, whether or not its job still runs
+            if s.job is not job:  # it ended while the step ran (a stop string)
+                continue
             if s.state is SlotState.PREFILL:
                 del s.pending[:len(toks)]
                 s.n_prompt_evaluated += len(toks)
                 if s.t_prompt_start is None:
-                    s.t_prompt_start = t0
+                    s.t_prompt_start = self._t_step_start
             if want:
-                self._advance(s, out, t1)
-        host = (time.perf_counter() - t_start) - (t1 - t0)
-        step = Step(self._steps, kinds, t1 - t0, host)
+                self._take(s, job, out[0], t1)
+                outs.append((s, job, out, t1))
+        # the host's gap between the end of the step before and this one's start (0 for the first)
+        host = self._t_step_start - self._t_step_end if self._t_step_end is not None else 0.0
+        step = Step(self._steps, self._running_kinds, t1 - self._t_step_start, max(host, 0.0))
+        self._t_step_end = t1
         self._steps += 1
         self._steps_by_slots[len(items)] = self._steps_by_slots.get(len(items), 0) + 1
-        self._host_seconds += host
+        self._host_seconds += step.host_seconds
         self._last_step = step
         self._publish()
         if self.on_step is not None:
             self.on_step(step)
-        return True
+        return outs
 
     def _publish(self) -> None:
         """Replace the snapshot that snapshot() returns (one reference: readers see the old or the new)."""
@@ -516,6 +588,7 @@ class Engine:
         slot.logprob_rows = None if job.logprobs is None else LogprobRows(
             lambda tok: self.model.detokenize_bytes([tok]).decode("utf-8", "ignore"))
         slot.sampler = sampler
+        slot.n_sampled, slot.continues = 0, False
         slot.sampler.accept(job.prompt)  # penalties and DRY count the prompt, as Llama does
         if self.backend_sampling and job.logprobs is None:
             self.ctx.set_backend_sampler(slot.id, slot.sampler)  # llama.cpp may keep it on the CPU
@@ -523,30 +596,44 @@ class Engine:
         slot.n_requests += 1
         slot.n_prompt_cached += keep
 
-    def _advance(self, s: Slot, out: tuple[int, float | None, list[tuple[int, float]] | None], now: float) -> None:
-        """The slot's output row after a step: the prompt ended, or the last generated token was decoded."""
-        job = s.job
-        assert job is not None and s.text is not None
+    def _take(self, s: Slot, job: Job, tok: int, now: float) -> None:
+        """A sampled token of the slot, before its text: whether the slot decodes it in the next step (the
+        order of Llama.generate: end-of-generation, then the limits; stop strings come with the text)."""
         if s.state is SlotState.PREFILL:
             s.state, s.t_prompt_end = SlotState.GENERATE, now
-        # the order of Llama.generate and create_completion: end-of-generation, text, stop strings, limits
-        tok, logprob, top = out
-        if s.logprob_rows is not None and not self.model.is_eog(tok):
-            s.logprob_rows.add(tok, (logprob, top))
-        if self.model.is_eog(tok):
-            self._finish(s, "stop", now)
-            return
-        s.n_generated += 1
-        ready = s.text.push(tok)
-        if ready:
-            s.sent += len(ready)
-            self._emit(job, Delta(ready, tuple(s.logprob_rows.take(s.sent)) if s.logprob_rows else ()))
-        if s.text.stopped:
-            self._finish(s, "stop", now)
-        elif (job.max_tokens is not None and len(s.text.tokens) >= job.max_tokens) or len(s.tokens) >= self.n_ctx_slot:
-            self._finish(s, "length", now)
-        else:
+        eog = self.model.is_eog(tok)
+        s.n_sampled += not eog
+        s.continues = (not eog and (job.max_tokens is None or s.n_sampled < job.max_tokens)
+                       and len(s.tokens) < self.n_ctx_slot)
+        if s.continues:
             s.next_token = tok
+
+    def _stream(self, outs: list[tuple[Slot, Job, tuple[int, float | None, Any], float]]) -> None:
+        """The text of sampled tokens, in order: emitted as it becomes final; a request ends at an
+        end-of-generation token, a stop string, or the limit _take found. A request that ended is in a
+        snapshot published here (not only at the end of the next step, which may never come)."""
+        n_jobs = sum(s.job is not None for s in self._slots)
+        for s, job, (tok, logprob, top), now in outs:
+            if s.job is not job:  # cancelled, or ended by the shutdown's grace period
+                continue
+            assert s.text is not None
+            eog = self.model.is_eog(tok)
+            if s.logprob_rows is not None and not eog:
+                s.logprob_rows.add(tok, (logprob, top))
+            if eog:
+                self._finish(s, "stop", now)
+                continue
+            s.n_generated += 1
+            ready = s.text.push(tok)
+            if ready:
+                s.sent += len(ready)
+                self._emit(job, Delta(ready, tuple(s.logprob_rows.take(s.sent)) if s.logprob_rows else ()))
+            if s.text.stopped:
+                self._finish(s, "stop", now)
+            elif not s.continues:
+                self._finish(s, "length", now)
+        if sum(s.job is not None for s in self._slots) != n_jobs:
+            self._publish()
 
     def _finish(self, s: Slot, reason: str, now: float) -> None:
         job = s.job
@@ -595,7 +682,10 @@ class Engine:
 
     def _release(self, s: Slot) -> None:
         if s.sampler is not None:
-            s.sampler.free()  # out of the graph too
+            if s.in_step:  # the running step samples with it when it ends
+                self._free_after_step.append(s.sampler)
+            else:
+                s.sampler.free()  # out of the graph too
         s.job, s.state, s.pending, s.sampler, s.last_used = None, SlotState.IDLE, [], None, time.perf_counter()
 
     def _release_cancelled(self) -> None:
