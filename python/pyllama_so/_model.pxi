@@ -67,8 +67,7 @@ cdef class Model:
                 split_buf[i] = v
             p.tensor_split = split_buf
         if attn_split is not None:
-            if split_mode_name(split_mode) != "tensor":
-                raise ValueError(f'attn_split needs split_mode="tensor", not {split_mode_name(split_mode)!r}')
+            check_tensor_split_only("attn_split", split_mode)
             for i, v in enumerate(check_attn_split(attn_split, n_devices)):
                 attn_buf[i] = v
             p.attn_split = attn_buf
