@@ -63,9 +63,10 @@ class Settings:
                                   rpc_servers=self.rpc_servers or None)
 
     def context_params(self) -> config.ContextParams:
-        """A context of one chunk: n_batch at most one chunk (llama-perplexity's), and so n_ubatch too."""
+        """A context of one chunk: n_batch and n_ubatch at most one chunk (llama-perplexity's n_batch); an
+        n_ubatch above n_batch is refused as everywhere."""
         return config.ContextParams(
-            n_ctx=self.n_ctx, n_batch=self.batch, n_ubatch=None if self.n_ubatch is None else min(self.n_ubatch, self.batch),
+            n_ctx=self.n_ctx, n_batch=self.batch, n_ubatch=None if self.n_ubatch is None else min(self.n_ubatch, self.n_ctx),
             n_threads=self.n_threads, n_threads_batch=self.n_threads, flash_attn=self.flash_attn, type_k=self.type_k,
             type_v=self.type_v, split_overlap=self.split_overlap)
 
