@@ -57,13 +57,15 @@ class ParamError(ValueError):
 
 
 def _checked(param: str, check: Callable[..., Any], *args: Any) -> Any:
-    """check(*args), its ValueError raised as a ParamError of param (same message)."""
+    """check(*args), its ValueError raised as a ParamError of param (the message, after "param: " where it
+    does not name the parameter)."""
     try:
         return check(*args)
     except ParamError:
         raise
     except ValueError as e:
-        raise ParamError(param, str(e)) from None
+        message = str(e)
+        raise ParamError(param, message if param in message else f"{param}: {message}") from None
 
 
 def _set(obj: object, name: str, value: Any) -> None:
