@@ -124,6 +124,10 @@ class Llama:
     n_batch then. lora_path applies a LoRA adapter GGUF with lora_scale (lora_base is accepted and unused,
     as in llama-cpp-python; not under split_mode="tensor", whose Meta backend cannot split the adapter). logits_all=True keeps every evaluated token's logits row in scores /
     eval_logits (also during generation), as llama-cpp-python.
+
+    The model and context arguments become pyllama_so.config's ModelParams and ContextParams (model_params,
+    context_params), the objects the bench, the server and the perplexity tool make from their flags: the
+    same rules and messages everywhere.
     """
 
     # defaults for close() and __del__ when __init__ never ran (a misspelled keyword)
