@@ -62,7 +62,7 @@ def test_main_gpu_out_of_range() -> None:
     if _llama.gpu_device_count() == 0:
         virtual_devices(2)  # without GPUs the rule has nothing to check against
     n = _llama.gpu_device_count()
-    with pytest.raises(ParamError, match=f"main_gpu {n} out of range: {n} GPU device") as e:
+    with pytest.raises(ParamError, match=f"main_gpu {n} out of range: {n} device") as e:
         ModelParams(split_mode="none", main_gpu=n)
     assert e.value.param == "main_gpu"
     assert ModelParams(split_mode="none", main_gpu=n - 1).main_gpu == n - 1

@@ -107,6 +107,12 @@ def check_tensor_split_only(param, split_mode):
         raise TensorSplitOnlyError(param, mode, _TENSOR_SPLIT_ONLY[param])
 
 
+def check_main_gpu(main_gpu, n_devices):
+    """main_gpu indexes one of the n_devices a model may use (the GPUs; with RPC servers theirs first)."""
+    if not 0 <= main_gpu < n_devices:
+        raise ValueError(f"main_gpu {main_gpu} out of range: {n_devices} device(s)")
+
+
 def check_batch_sizes(n_batch, n_ubatch):
     """n_batch and n_ubatch: both >= 1, and n_ubatch <= n_batch."""
     if n_batch < 1 or n_ubatch < 1:

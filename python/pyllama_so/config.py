@@ -137,8 +137,8 @@ class ModelParams:
             _set(self, "attn_split", tuple(_checked("attn_split", _llama.check_attn_split, self.attn_split,
                                                     n_devices)))
         n_gpus = _llama.gpu_device_count()
-        if n_gpus and self.rpc_servers is None and not 0 <= self.main_gpu < n_gpus:
-            raise ParamError("main_gpu", f"main_gpu {self.main_gpu} out of range: {n_gpus} GPU device(s)")
+        if n_gpus and self.rpc_servers is None:  # with RPC servers Model.load checks it against their devices too
+            _checked("main_gpu", _llama.check_main_gpu, self.main_gpu, n_gpus)
 
     @property
     def kv_overrides_dict(self) -> dict[str, KvValue] | None:
