@@ -15,9 +15,11 @@ enums, tuples for lists), so an object that exists is valid. A bad value of one 
 ParamError (a ValueError; `param` names the parameter, as the message does), a wrong type a TypeError;
 a rule between parameters is a ValueError naming both (TensorSplitOnlyError for attn_split and
 split_overlap without split_mode="tensor", n_ubatch > n_batch). The command-line tools report a
-ParamError as argparse reports a bad flag value, and the others as `tool: error: message`. The value rules themselves live in the bindings
-(`_params.pxi`: `split_mode_name`, `check_tensor_split`, `check_batch_sizes`, ...), which the low-level
-`Model.load` / `Context` apply too; this module composes them and holds the rules between parameters.
+ParamError as argparse reports a bad flag value, and the others as `tool: error: message`.
+
+The value rules themselves live in the bindings (`_params.pxi`: `split_mode_name`, `check_tensor_split`,
+`check_tensor_split_only`, `check_batch_sizes`, ...), which the low-level `Model.load` / `Context` apply
+too; this module composes them, in the order that gives the right error first.
 
 The AllReduce routing is not part of these objects: the CUDA backend reads it from environment
 variables when it creates a comm context (`pyllama_so.allreduce.configure_allreduce`, docs/multi-gpu.md).
