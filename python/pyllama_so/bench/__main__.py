@@ -97,13 +97,13 @@ def _main(argv: list[str] | None) -> int:
         raise SystemExit("bench: nothing to run (all of -p, -n and -pg are empty or 0)")
     try:  # every combination by Llama's rules (pyllama_so.config), so that none fails after others have run
         plan = params.plan()
-        if not params.models:  # checked before a synthetic model may be written
-            params.models = [str(cached_model(ns.synthetic))]
-            plan = params.plan()
     except ValueError as e:
         A.exit_on_flag_error(ap, e)
         error(f"error: {e}")
         return 2
+    if not params.models:  # written once the combinations are known to be valid
+        params.models = [str(cached_model(ns.synthetic))]
+        plan = params.plan()
     if not plan.runs:
         error(f"error: nothing to run: {'; '.join(plan.skipped)}")
         return 2
