@@ -81,7 +81,8 @@ def test_split_overlap_without_tensor_split_is_nothing_to_run(tiny_model: Path,
     rc, out, err = run(capsys, "-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1", "-so", "1")
     assert rc == 2 and out == ""
     assert err.splitlines() == [
-        "bench: error: nothing to run: skipping -so 1 with -sm layer: split overlap needs -sm tensor"]
+        "bench: error: nothing to run: skipping -so 1 with -sm layer: split_overlap needs split_mode=\"tensor\" "
+        "(got split_mode='layer'): the two lanes overlap the AllReduces of tensor split"]
 
 
 @pytest.mark.parametrize("value, expected", [(None, [False]), ("1", [True]), ("on", [True]), ("0,1", [False, True])])

@@ -126,7 +126,9 @@ def test_attn_split_without_tensor_split_says_it_needs_tensor(capsys: pytest.Cap
     (the split here is longer than this machine's devices)."""
     split = "/".join(["1"] * (max(1, _llama.gpu_device_count()) + 1))
     assert server_main(["-m", "unused.gguf", "-as", split]) == 2
-    assert capsys.readouterr().err.splitlines() == ["server: error: -as needs -sm tensor, not -sm layer"]
+    assert capsys.readouterr().err.splitlines() == [
+        "server: error: attn_split needs split_mode=\"tensor\" (got split_mode='layer'): it splits the attention "
+        "heads of tensor split"]
 
 
 def test_port_in_use_is_found_before_the_model(tmp_path: Path) -> None:

@@ -106,7 +106,8 @@ def test_bench_skips_split_overlap_without_tensor_split(tiny_model: Path, run_be
     rows = [json.loads(line) for line in out.splitlines()]
     assert [(r["split_mode"], r["split_overlap"]["requested"]) for r in rows] == [
         ("layer", False), ("tensor", False), ("tensor", True)]
-    assert err.splitlines() == ["bench: note: skipping -so 1 with -sm layer: split overlap needs -sm tensor"]
+    assert err.splitlines() == ["bench: note: skipping -so 1 with -sm layer: split_overlap needs split_mode=\"tensor\" "
+                                "(got split_mode='layer'): the two lanes overlap the AllReduces of tensor split"]
 
 
 def test_bench_json_records_lanes_and_host_time(tiny_model: Path, run_bench: Bench) -> None:

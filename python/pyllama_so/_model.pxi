@@ -67,8 +67,7 @@ cdef class Model:
                 split_buf[i] = v
             p.tensor_split = split_buf
         if attn_split is not None:
-            if split_mode_name(split_mode) != "tensor":
-                raise ValueError(f'attn_split needs split_mode="tensor", not {split_mode_name(split_mode)!r}')
+            check_tensor_split_only("attn_split", split_mode)
             for i, v in enumerate(check_attn_split(attn_split, n_devices)):
                 attn_buf[i] = v
             p.attn_split = attn_buf
@@ -98,8 +97,8 @@ cdef class Model:
         try:
             if endpoints:
                 devs = _rpc_model_devices(endpoints, split_mode_name(split_mode))
-                if split_mode_name(split_mode) == "none" and not 0 <= main_gpu < <int> devs.size():
-                    raise ValueError(f"main_gpu {main_gpu} out of range: {devs.size()} device(s)")
+                if split_mode_name(split_mode) == "none":
+                    check_main_gpu(main_gpu, devs.size())
                 devs.push_back(NULL)
             p = Model._params(n_gpu_layers, split_mode, main_gpu, split_buf, tensor_split, use_mmap,
                               attn_buf, attn_split, devs.size() - 1 if endpoints else None)

@@ -82,6 +82,37 @@ def check_attn_split(attn_split, n_devices=None):
     return _check_split("attn_split", attn_split, n_devices)
 
 
+class TensorSplitOnlyError(ValueError):
+    """A parameter of split_mode="tensor" only (attn_split, split_overlap) given with another split mode.
+    param names it; split_mode is the mode given. The bench skips such combinations of its lists."""
+
+    def __init__(self, param, split_mode, why):
+        super().__init__(f'{param} needs split_mode="tensor" (got split_mode={split_mode!r}): {why}')
+        self.param = param
+        self.split_mode = split_mode
+
+
+# why each parameter of tensor split only needs it (the second half of TensorSplitOnlyError's message)
+_TENSOR_SPLIT_ONLY = {
+    "attn_split": "it splits the attention heads of tensor split",
+    "split_overlap": "the two lanes overlap the AllReduces of tensor split",
+}
+
+
+def check_tensor_split_only(param, split_mode):
+    """TensorSplitOnlyError unless split_mode is "tensor": for attn_split and split_overlap, whose value
+    means nothing with another split mode (checked before attn_split's length: no device count makes it right)."""
+    mode = split_mode_name(split_mode)
+    if mode != "tensor":
+        raise TensorSplitOnlyError(param, mode, _TENSOR_SPLIT_ONLY[param])
+
+
+def check_main_gpu(main_gpu, n_devices):
+    """main_gpu indexes one of the n_devices a model may use (the GPUs; with RPC servers theirs first)."""
+    if not 0 <= main_gpu < n_devices:
+        raise ValueError(f"main_gpu {main_gpu} out of range: {n_devices} device(s)")
+
+
 def check_batch_sizes(n_batch, n_ubatch):
     """n_batch and n_ubatch: both >= 1, and n_ubatch <= n_batch."""
     if n_batch < 1 or n_ubatch < 1:

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 from pyllama_so import _llama
+from pyllama_so.config import ParamError
 
 __all__ = [
     "PATHS",
@@ -33,6 +34,7 @@ __all__ = [
     "AllReduceStats",
     "allreduce_stats",
     "reset_allreduce_stats",
+    "AllReduceParams",
     "configure_allreduce",
     "allreduce_available",
 ]
@@ -91,12 +93,10 @@ def reset_allreduce_stats() -> None:
     _llama.allreduce_stats_reset()
 
 
-def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None = None,
-                        chunk_bytes: int | None = None) -> None:
-    """Set the copy-engine knobs for comm contexts created from now on.
-
-    Must be called before creating a ``Llama`` (or anything else that builds a ``split_mode="tensor"``
-    context): the CUDA backend reads the variables when it creates the comm context, not later.
+@dataclass(frozen=True)
+class AllReduceParams:
+    """The copy-engine knobs of the CUDA comm context, checked (ParamError naming the knob, TypeError for a
+    wrong type).
 
     copy_engines: None = automatic (copy engines for large reductions between GPUs without peer
         access), True = force them even with peer access, False = never (upstream routing).
@@ -105,23 +105,50 @@ def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None 
     chunk_bytes: bytes per copy-engine copy, a power of two from 64 KiB to 4 MiB; None = automatic
         (1 MiB below 8 MiB of BF16 payload, 2 MiB from there). Smaller chunks start the receiving
         copies sooner but each copy has a fixed cost.
+
+    They are not part of config.ModelParams / ContextParams: the CUDA backend reads them only from
+    environment variables, once per comm context, when the context is created
+    (ggml/src/ggml-cuda/allreduce-ce.cu, ggml_cuda_ce_router_init), so they reach it through
+    environment() (configure_allreduce sets it for the process).
     """
-    if copy_engines is not None and not isinstance(copy_engines, bool):
-        raise TypeError(f"copy_engines must be bool or None, not {type(copy_engines).__name__}")
-    _check_int("min_bytes", min_bytes)
-    _check_int("chunk_bytes", chunk_bytes)
-    if min_bytes is not None:
-        if min_bytes < 1:
-            raise ValueError(f"min_bytes must be >= 1, got {min_bytes}")
-    if chunk_bytes is not None:
-        lo, hi = CHUNK_BYTES_RANGE
-        if not lo <= chunk_bytes <= hi or chunk_bytes & (chunk_bytes - 1):
-            raise ValueError(f"chunk_bytes must be a power of two from {lo} to {hi}, got {chunk_bytes}")
-    set_env({
-        ENV_CE: None if copy_engines is None else ("1" if copy_engines else "0"),
-        ENV_CE_MIN_BYTES: None if min_bytes is None else str(min_bytes),
-        ENV_CE_CHUNK_BYTES: None if chunk_bytes is None else str(chunk_bytes),
-    })
+
+    copy_engines: bool | None = None
+    min_bytes: int | None = None
+    chunk_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.copy_engines is not None and not isinstance(self.copy_engines, bool):
+            raise TypeError(f"copy_engines must be bool or None, not {type(self.copy_engines).__name__}")
+        _check_int("min_bytes", self.min_bytes)
+        _check_int("chunk_bytes", self.chunk_bytes)
+        if self.min_bytes is not None and self.min_bytes < 1:
+            raise ParamError("min_bytes", f"min_bytes must be >= 1, got {self.min_bytes}")
+        if self.chunk_bytes is not None:
+            lo, hi = CHUNK_BYTES_RANGE
+            if not lo <= self.chunk_bytes <= hi or self.chunk_bytes & (self.chunk_bytes - 1):
+                raise ParamError("chunk_bytes",
+                                 f"chunk_bytes must be a power of two from {lo} to {hi}, got {self.chunk_bytes}")
+
+    def environment(self) -> dict[str, str | None]:
+        """The variables that say this (None: unset, the automatic choice)."""
+        return {
+            ENV_CE: None if self.copy_engines is None else ("1" if self.copy_engines else "0"),
+            ENV_CE_MIN_BYTES: None if self.min_bytes is None else str(self.min_bytes),
+            ENV_CE_CHUNK_BYTES: None if self.chunk_bytes is None else str(self.chunk_bytes),
+        }
+
+
+def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None = None,
+                        chunk_bytes: int | None = None) -> None:
+    """Set the copy-engine knobs (AllReduceParams) for comm contexts created from now on, through their
+    environment variables (GGML_CUDA_AR_CE, GGML_CUDA_AR_CE_MIN_BYTES, GGML_CUDA_AR_CE_CHUNK_BYTES; a knob
+    left None is unset).
+
+    Must be called before creating a ``Llama`` (or anything else that builds a ``split_mode="tensor"``
+    context): the CUDA backend reads the variables when it creates the comm context, not later. Nothing
+    is set when a value is refused.
+    """
+    set_env(AllReduceParams(copy_engines, min_bytes, chunk_bytes).environment())
 
 
 def _check_int(name: str, value: object) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pyllama_so import _llama
+from pyllama_so import _llama, config
 
 T = TypeVar("T")
 
@@ -115,8 +116,8 @@ def boolean(text: str) -> bool:
 def _proportions(text: str, sep: str, check: Callable[[list[float], int], list[float]], what: str,
                  example: str) -> tuple[float, ...]:
     """Proportions per device separated by sep, checked by the bindings' rule (as Llama checks them). The
-    number of entries is checked only against llama.cpp's maximum: how many devices there are is known
-    to the tool, after --rpc (check_device_count)."""
+    number of entries is checked only against llama.cpp's maximum here: against the devices there are
+    when the tool makes its config.ModelParams (model_params), which knows about --rpc."""
     try:
         values = [float(v) for v in text.split(sep)]
     except ValueError:
@@ -125,18 +126,6 @@ def _proportions(text: str, sep: str, check: Callable[[list[float], int], list[f
         return tuple(check(values, _llama.max_devices()))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def check_device_count(ap: argparse.ArgumentParser, flag: str, splits: list[tuple[float, ...]],
-                       check: Callable[[list[float]], list[float]]) -> None:
-    """At most one entry per local device in each split of a flag (-ts, -as), as argparse reports an error
-    (exit status 2). Tools skip it with --rpc: the servers' devices count too, once connected."""
-    for split in splits:
-        if split:  # () follows the default
-            try:
-                check(list(split))
-            except ValueError as e:
-                ap.error(f"argument {flag}: {e}")
 
 
 def tensor_split(text: str) -> tuple[float, ...]:
@@ -210,20 +199,25 @@ class Flag:
     alternatives: Callable[[str], list[Any]] | None = None  # the list form, when not a comma list of values
     alternatives_help: str = "comma list: each value runs"
     repeat: bool = False  # the list form adds each use of the flag to the list (-m a -m b)
+    param: str | None = None  # the name in config.ModelParams / ContextParams, when not dest
 
     @property
     def dest(self) -> str:
         return next(n for n in self.names if n.startswith("--"))[2:].replace("-", "_")
 
+    @property
+    def param_name(self) -> str:
+        return self.param or self.dest
+
 
 MODEL_FLAGS: tuple[Flag, ...] = (
     Flag(("-m", "--model"), "MODEL", str, "GGUF model file; default: a cached synthetic model (--synthetic)",
-         metavar="FILE", alternatives_help="comma list or repeated flag: each model runs", repeat=True),
+         metavar="FILE", alternatives_help="comma list or repeated flag: each model runs", repeat=True, param="path"),
     Flag(("-b", "--batch-size"), "BATCH", positive_int, "logical batch: most tokens per llama_decode call",
-         "2048", "N"),
+         "2048", "N", param="n_batch"),
     Flag(("-ub", "--ubatch-size"), "UBATCH", positive_int,
          "physical batch: most tokens per ubatch; default 512, with -so 1 half of -b (each batch feeds both lanes)",
-         metavar="N"),
+         metavar="N", param="n_ubatch"),
     Flag(("-ngl", "--n-gpu-layers"), "N_GPU_LAYERS", gpu_layers, "layers on the GPUs; -1 or all: every layer",
          "-1", "N"),
     Flag(("-sm", "--split-mode"), "SPLIT_MODE", split_mode, "none, layer, row or tensor", "layer", "MODE"),
@@ -237,17 +231,19 @@ MODEL_FLAGS: tuple[Flag, ...] = (
          alternatives_help="alternatives separated by ';' (1/3;1,1), or by ',' between '/' forms as -ts (1/3,1/0); "
                            "'-' follows -ts; other split modes than tensor are skipped"),
     Flag(("-fa", "--flash-attn"), "FLASH_ATTN", flash_attn, "flash attention: on, off or auto", "auto", "MODE"),
-    Flag(("-ctk", "--cache-type-k"), "CACHE_TYPE_K", cache_type, "KV cache type of K (f16, q8_0, ...)", "f16", "TYPE"),
-    Flag(("-ctv", "--cache-type-v"), "CACHE_TYPE_V", cache_type, "KV cache type of V (f16, q8_0, ...)", "f16", "TYPE"),
+    Flag(("-ctk", "--cache-type-k"), "CACHE_TYPE_K", cache_type, "KV cache type of K (f16, q8_0, ...)", "f16", "TYPE",
+         param="type_k"),
+    Flag(("-ctv", "--cache-type-v"), "CACHE_TYPE_V", cache_type, "KV cache type of V (f16, q8_0, ...)", "f16", "TYPE",
+         param="type_v"),
     Flag(("-t", "--threads"), "THREADS", positive_int, "CPU threads; default: the physical cores",
-         lambda: str(default_threads()), "N"),
+         lambda: str(default_threads()), "N", param="n_threads"),
     Flag(("-so", "--split-overlap"), "SPLIT_OVERLAP", boolean,
          "alternate prompt ubatches between two lanes (0/1; -sm tensor only)", "0", "0|1",
          alternatives_help="comma list: each value runs; combinations without -sm tensor are skipped"),
     Flag(("-rpc", "--rpc"), "RPC", rpc_servers,
          "use the devices of these RPC servers, host:port,... (python -m pyllama_so.rpc_server); they come "
          "before the local devices, and -ts and -mg count them", metavar="SERVERS", alternatives=rpc_server_lists,
-         alternatives_help="one list for every run"),
+         alternatives_help="one list for every run", param="rpc_servers"),
 )
 
 
@@ -290,3 +286,46 @@ def add_model_args(ap: argparse.ArgumentParser, *, lists: bool = False, syntheti
 def add_rpc_argument(ap: argparse.ArgumentParser) -> None:
     """Only the table's --rpc (python -m pyllama_so info)."""
     add_model_args(ap, skip=[f.dest for f in MODEL_FLAGS if f.dest != "rpc"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The tools' configuration from their parsed flags (one value each): the same parameter objects, and so
+# the same rules and messages, as Llama's keyword arguments.
+
+_MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(config.ModelParams))
+_CONTEXT_FIELDS = frozenset(f.name for f in dataclasses.fields(config.ContextParams))
+
+
+def param_values(ns: argparse.Namespace) -> dict[str, Any]:
+    """The MODEL_FLAGS of a parsed namespace under their parameter names (n_batch for -b, path for -m, ...)."""
+    return {f.param_name: getattr(ns, f.dest) for f in MODEL_FLAGS if hasattr(ns, f.dest)}
+
+
+def model_params(ns: argparse.Namespace) -> config.ModelParams:
+    """config.ModelParams of the flags (ValueError or TypeError naming the parameter)."""
+    return config.ModelParams(**{k: v for k, v in param_values(ns).items() if k in _MODEL_FIELDS})
+
+
+def context_params(ns: argparse.Namespace, **fields: Any) -> config.ContextParams:
+    """config.ContextParams of the flags, with the tool's own fields (n_ctx from its -c, n_seq_max, ...).
+    -t sets both thread counts (n_threads_batch follows n_threads)."""
+    values = {k: v for k, v in param_values(ns).items() if k in _CONTEXT_FIELDS}
+    return config.ContextParams(**{**values, **fields})
+
+
+def exit_on_flag_error(ap: argparse.ArgumentParser, e: ValueError) -> None:
+    """A ParamError of a parameter that has a flag here exits as argparse reports a bad flag value (status
+    2): "argument -ts/--tensor-split: <the message Llama raises>". Anything else returns, for the tool to
+    report as "tool: error: <message>" (the rules between parameters)."""
+    if isinstance(e, config.ParamError):
+        flag = next(("/".join(f.names) for f in MODEL_FLAGS if f.param_name == e.param), None)
+        if flag is not None:
+            ap.error(f"argument {flag}: {e}")
+
+
+def tool_config(ns: argparse.Namespace, **context_fields: Any) -> tuple[config.ModelParams, config.ContextParams]:
+    """Both objects of a tool's flags (one value each), and the rules between them (config.check_combination);
+    ValueError or TypeError naming the parameter."""
+    model, context = model_params(ns), context_params(ns, **context_fields)
+    config.check_combination(model, context)
+    return model, context

@@ -23,6 +23,7 @@ from pyllama_so import _llama, chat_completion
 from pyllama_so import chat_template as templates
 from pyllama_so._llama import ContextFullError, ModelLoadError
 from pyllama_so.chat_template import ChatTemplate
+from pyllama_so.config import ContextParams, ModelParams, check_combination, create_context, load_model
 from pyllama_so.embeddings import embed_tokens, embedding_sequences, normalize as normalize_embedding
 from pyllama_so.grammar import LlamaGrammar, grammar_text, resolve_grammar
 from pyllama_so.logprobs import LogitsProcessor, LogprobRows, StoppingCriteria, completion_logprobs
@@ -123,6 +124,10 @@ class Llama:
     n_batch then. lora_path applies a LoRA adapter GGUF with lora_scale (lora_base is accepted and unused,
     as in llama-cpp-python; not under split_mode="tensor", whose Meta backend cannot split the adapter). logits_all=True keeps every evaluated token's logits row in scores /
     eval_logits (also during generation), as llama-cpp-python.
+
+    The model and context arguments become pyllama_so.config's ModelParams and ContextParams (model_params,
+    context_params), the objects the bench, the server and the perplexity tool make from their flags: the
+    same rules and messages everywhere.
     """
 
     # defaults for close() and __del__ when __init__ never ran (a misspelled keyword)
@@ -165,50 +170,37 @@ class Llama:
         verbose: bool = False,
     ) -> None:
         path = Path(os.fspath(model_path))
-        mode = _llama.split_mode_name(split_mode)
-        pooling = _llama.pooling_type_name(pooling_type)
-        if kv_overrides is not None:
-            _llama.check_kv_overrides(kv_overrides)
-        for name, flag in (("vocab_only", vocab_only), ("embedding", embedding), ("logits_all", logits_all)):
+        for name, flag in (("embedding", embedding), ("logits_all", logits_all)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool")
+        model_params = ModelParams(n_gpu_layers=n_gpu_layers, split_mode=split_mode, main_gpu=main_gpu,
+                                   tensor_split=tensor_split, attn_split=attn_split, rpc_servers=rpc_servers,
+                                   use_mmap=use_mmap, vocab_only=vocab_only, kv_overrides=kv_overrides)
         if isinstance(lora_scale, bool) or not isinstance(lora_scale, (int, float)) or not math.isfinite(lora_scale):
             raise ValueError(f"lora_scale must be a finite number, got {lora_scale!r}")
         if vocab_only and lora_path is not None:
             raise ValueError("lora_path needs the model's weights, which vocab_only=True does not load")
-        if lora_path is not None and mode == "tensor":  # ggml's Meta backend has no split for the LoRA tensors
+        if lora_path is not None and model_params.split_mode == "tensor":  # ggml's Meta backend cannot split it
             raise ValueError('lora_path is not supported with split_mode="tensor": llama.cpp\'s tensor split cannot '
                              "split a LoRA adapter's tensors (it aborts); use split_mode=\"layer\"")
         if lora_path is not None and not Path(os.fspath(lora_path)).is_file():
             raise FileNotFoundError(f"LoRA adapter not found: {os.fspath(lora_path)}")
-        fa = _llama.flash_attn_name(flash_attn)
-        tk, tv = _llama.cache_type_name(type_k, "type_k"), _llama.cache_type_name(type_v, "type_v")
-        servers = None if rpc_servers is None else _llama.rpc_endpoints(rpc_servers)
-        if attn_split is not None and mode != "tensor":  # before its length: no device count makes it right
-            raise ValueError(f'attn_split needs split_mode="tensor" (got split_mode={mode!r}): it splits the '
-                             "attention heads of tensor split")
-        # with RPC servers the device count is known once connected: Model.load checks the lengths then
-        n_devices = None if servers is None else _llama.max_devices()
-        split = None if tensor_split is None else _llama.check_tensor_split(tensor_split, n_devices)
-        attn = None if attn_split is None else _llama.check_attn_split(attn_split, n_devices)
-        if n_ctx < 0:
-            raise ValueError(f"n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
-        if n_ubatch is None:  # an embedding batch must be one ubatch: llama.cpp pools each ubatch alone
-            n_ubatch = n_batch if embedding else _llama.default_n_ubatch(n_batch, split_overlap)
-        _llama.check_batch_sizes(n_batch, n_ubatch)
-        n_gpus = _llama.gpu_device_count()
-        if n_gpus and servers is None and not 0 <= main_gpu < n_gpus:
-            raise ValueError(f"main_gpu {main_gpu} out of range: {n_gpus} GPU device(s)")
-        if not isinstance(split_overlap, bool):
-            raise TypeError("split_overlap must be a bool")
-        if split_overlap and mode != "tensor":
-            raise ValueError(f'split_overlap needs split_mode="tensor" (got split_mode={mode!r}): the two lanes '
-                             "overlap the AllReduces of tensor split")
+        cpus = os.cpu_count() or 1  # llama-cpp-python's defaults: half the CPUs for generation, all for batches
+        context_params = ContextParams(
+            n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads or max(cpus // 2, 1),
+            n_threads_batch=n_threads_batch or cpus, flash_attn=flash_attn, type_k=type_k, type_v=type_v,
+            split_overlap=split_overlap, embeddings=embedding, pooling_type=pooling_type,
+            # embedding: one sequence per input of a batch, all sharing the KV cache (as llama-cpp-python)
+            n_seq_max=embedding_sequences(n_batch, model_params.split_mode) if embedding else 1,
+            kv_unified=embedding)
+        check_combination(model_params, context_params)
         if chat_format is not None and chat_template is not None:
             raise ValueError("give chat_format or chat_template, not both: both choose the chat template")
         _check_gguf_file(path)
 
         self.model_path = str(path)
+        self.model_params = model_params  # the configuration, checked (pyllama_so.config)
+        self.context_params = context_params
         self.chat_format = chat_format
         self._chat: ChatTemplate | None = None  # the model's own is compiled at the first chat
         self.verbose = verbose
@@ -229,9 +221,7 @@ class Llama:
         self._scores: np.ndarray | None = None  # logits_all: (n_ctx, n_vocab), rows [0, n_tokens) valid
         _llama.set_verbose(verbose)
 
-        self._model = _llama.Model.load(path, n_gpu_layers=n_gpu_layers, split_mode=mode, main_gpu=main_gpu,
-                                        tensor_split=split, use_mmap=use_mmap, attn_split=attn,
-                                        rpc_servers=servers, vocab_only=vocab_only, kv_overrides=kv_overrides)
+        self._model = load_model(path, model_params)
         self.metadata: dict[str, str] = self._model.metadata()
         if vocab_only:
             return
@@ -240,18 +230,7 @@ class Llama:
                 self._chat = templates.from_spec(self._model, chat_format, name="chat_format=")
             elif chat_template is not None:
                 self._chat = templates.from_spec(self._model, chat_template, name="chat_template=")
-            if embedding and pooling == "rank" and self._model.pooling_type != "rank":
-                raise ValueError('pooling_type="rank" needs a reranking model (one whose GGUF pools with "rank" '
-                                 f"through a classifier head); this model pools with {self._model.pooling_type!r}")
-            cpus = os.cpu_count() or 1  # llama-cpp-python's defaults: half the CPUs for generation, all for batches
-            # embedding: one sequence per input of a batch, all sharing the KV cache (as llama-cpp-python)
-            n_seq = embedding_sequences(n_batch, mode) if embedding else 1
-            self._ctx = _llama.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
-                                       n_threads=n_threads or max(cpus // 2, 1),
-                                       n_threads_batch=n_threads_batch or cpus,
-                                       flash_attn=fa, type_k=tk, type_v=tv, split_overlap=split_overlap,
-                                       embeddings=embedding, pooling_type=pooling, n_seq_max=n_seq,
-                                       kv_unified=embedding)
+            self._ctx = create_context(self._model, context_params)
             self._ctx.set_embeddings(False)  # generation outputs logits only; embed() turns embeddings on
             if self.lora_path is not None:
                 self._lora = _llama.LoraAdapter(self._model, self.lora_path)

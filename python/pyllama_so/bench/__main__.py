@@ -52,7 +52,8 @@ def warmup_runs(ns: argparse.Namespace) -> int:
 
 
 def params_from_args(ns: argparse.Namespace) -> BenchParams:
-    models = ns.model or [str(cached_model(ns.synthetic))]
+    """The lists of the flags; without -m no model yet (the synthetic one is written once they are checked)."""
+    models = list(ns.model or [])
     for m in models:
         if os.path.isdir(m):
             raise SystemExit(f"bench: {m} is a directory, not a model file")
@@ -64,23 +65,6 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
         main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], attn_split=ns.attn_split or [()], flash_attn=ns.flash_attn,
         type_k=ns.cache_type_k, type_v=ns.cache_type_v, n_threads=ns.threads, split_overlap=ns.split_overlap,
         repetitions=ns.repetitions, warmup_runs=warmup_runs(ns), rpc_servers=tuple(ns.rpc[0]) if ns.rpc else ())
-
-
-def check_combinations(params: BenchParams) -> None:
-    """Every combination by Llama's rules (ValueError), so that none fails after others have run. With RPC
-    servers the device count is checked when the model loads."""
-    n_devices = _llama.max_devices() if params.rpc_servers else None
-    for b, ub in sorted({(cp.n_batch, cp.n_ubatch) for cp in params.context_params()}):
-        try:
-            _llama.check_batch_sizes(b, ub)
-        except ValueError as e:
-            raise ValueError(f"-b {b} -ub {ub}: {e}") from None
-    for ts in params.tensor_split:
-        if ts:  # () is the default split
-            _llama.check_tensor_split(ts, n_devices)
-    for as_ in params.attn_split:
-        if as_:
-            _llama.check_attn_split(as_, n_devices)
 
 
 def error(message: str) -> None:
@@ -102,9 +86,6 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     ap = parser()
     ns = ap.parse_args(argv)
-    if not ns.rpc:
-        A.check_device_count(ap, "-ts/--tensor-split", ns.tensor_split or [], _llama.check_tensor_split)
-        A.check_device_count(ap, "-as/--attn-split", ns.attn_split or [], _llama.check_attn_split)
     _llama.set_log_level("info" if ns.verbose else "error")
     try:
         warmup_runs(ns)  # checked before a synthetic model may be written
@@ -114,17 +95,20 @@ def _main(argv: list[str] | None) -> int:
     params = params_from_args(ns)
     if next(params.tests(), None) is None:
         raise SystemExit("bench: nothing to run (all of -p, -n and -pg are empty or 0)")
-    skipped = params.skipped()
-    if params.count() == 0:
-        error(f"error: nothing to run: {'; '.join(skipped)}")
-        return 2
-    for note in skipped:
-        error(f"note: {note}")
-    try:
-        check_combinations(params)
+    try:  # every combination by Llama's rules (pyllama_so.config), so that none fails after others have run
+        plan = params.plan()
     except ValueError as e:
+        A.exit_on_flag_error(ap, e)
         error(f"error: {e}")
         return 2
+    if not params.models:  # written once the combinations are known to be valid
+        params.models = [str(cached_model(ns.synthetic))]
+        plan = params.plan()
+    if not plan.runs:
+        error(f"error: nothing to run: {'; '.join(plan.skipped)}")
+        return 2
+    for note in plan.skipped:
+        error(f"note: {note}")
     printer = PRINTERS[ns.output](sys.stdout, params)
     printer.header()
     try:

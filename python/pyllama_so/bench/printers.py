@@ -10,13 +10,14 @@ from pyllama_so import __version__, _build_info
 from pyllama_so.bench.runner import DEFAULTS, BenchParams, TestResult, backend_name, cpu_info, gpu_info
 
 
-def tensor_split_str(ts: tuple[float, ...]) -> str:
+def tensor_split_str(ts: tuple[float, ...] | None) -> str:
     """As llama-bench writes it: %.2f per device up to the last non-zero one ("0.00" when none)."""
+    ts = ts or ()
     last = max((i for i, v in enumerate(ts) if v > 0), default=0)
     return "/".join(f"{v:.2f}" for v in (ts or (0.0,))[: last + 1])
 
 
-def attn_split_str(a: tuple[float, ...]) -> str:
+def attn_split_str(a: tuple[float, ...] | None) -> str:
     """-as as tensor_split_str writes -ts; "-" when it follows the tensor split."""
     return tensor_split_str(a) if a else "-"
 
@@ -31,7 +32,7 @@ def fields(r: TestResult) -> dict[str, Any]:
         "cpu_info": cpu_info(),
         "gpu_info": gpu_info(),
         "backends": backend_name(bool(r.model.rpc_servers)),
-        "model_filename": r.model.model,
+        "model_filename": r.model_path,
         "model_type": r.model_type,
         "model_size": r.model_size,
         "model_n_params": r.model_n_params,
@@ -60,7 +61,7 @@ def fields(r: TestResult) -> dict[str, Any]:
         "allreduce_calls": r.allreduce_calls,
         "split_overlap": r.split_overlap,
         "host_ms_per_ubatch": r.host_ms_per_ubatch,
-        "rpc_servers": list(r.model.rpc_servers),
+        "rpc_servers": list(r.model.rpc_servers or ()),
     }
 
 

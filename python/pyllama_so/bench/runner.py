@@ -15,6 +15,7 @@ Split overlap (-so 1) runs only under -sm tensor: other combinations with it are
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -26,29 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyllama_so import _llama, allreduce
-
-
-@dataclass(frozen=True)
-class ModelParams:
-    model: str
-    n_gpu_layers: int
-    split_mode: str
-    main_gpu: int
-    tensor_split: tuple[float, ...]
-    attn_split: tuple[float, ...] = ()  # () follows tensor_split
-    rpc_servers: tuple[str, ...] = ()  # their devices come first
-
-
-@dataclass(frozen=True)
-class ContextParams:
-    n_batch: int
-    n_ubatch: int
-    n_threads: int
-    flash_attn: str
-    type_k: str
-    type_v: str
-    split_overlap: bool
+from pyllama_so import _llama, allreduce, config
+from pyllama_so.config import ContextParams, ModelParams
 
 
 @dataclass(frozen=True)
@@ -93,16 +73,43 @@ class BenchParams:
     warmup_runs: int = 1  # llama-bench's procedure; 0 is --no-warmup
     rpc_servers: tuple[str, ...] = ()  # one set for every run, as llama-bench's --rpc
 
-    def model_params(self) -> Iterator[ModelParams]:
-        for m, ngl, sm, mg, ts, as_ in itertools.product(self.models, self.n_gpu_layers, self.split_mode,
-                                                         self.main_gpu, self.tensor_split, self.attn_split):
-            yield ModelParams(m, ngl, sm, mg, ts, as_, self.rpc_servers)
-
-    def context_params(self) -> Iterator[ContextParams]:
+    def plan(self) -> Plan:
+        """Every combination of the lists as config.ModelParams and ContextParams, checked by Llama's rules:
+        a ValueError (naming the combination's -b and -ub for a context's) before anything runs. A parameter
+        of -sm tensor only (-as, -so 1) with another split mode is skipped, with a note: a comma list that
+        mixes split modes still runs the rest."""
+        skipped: set[str] = set()
+        contexts = []
         for b, ub, t, fa, tk, tv, so in itertools.product(self.n_batch, self.n_ubatch or [None], self.n_threads,
                                                           self.flash_attn, self.type_k, self.type_v,
                                                           self.split_overlap):
-            yield ContextParams(b, _llama.default_n_ubatch(b, so) if ub is None else ub, t, fa, tk, tv, so)
+            try:  # n_ctx is each test's own (run_benchmarks)
+                contexts.append(config.ContextParams(n_ctx=0, n_batch=b, n_ubatch=ub, n_threads=t, flash_attn=fa,
+                                                     type_k=tk, type_v=tv, split_overlap=so))
+            except config.ParamError:
+                raise
+            except ValueError as e:  # n_ubatch > n_batch: which pair of the lists
+                raise ValueError(f"-b {b} -ub {ub}: {e}") from None
+        loads = []  # (model parameters, the contexts that run with them)
+        for ngl, sm, mg, ts, as_ in itertools.product(self.n_gpu_layers, self.split_mode, self.main_gpu,
+                                                      self.tensor_split, self.attn_split):
+            try:
+                mp = config.ModelParams(n_gpu_layers=ngl, split_mode=sm, main_gpu=mg, tensor_split=ts or None,
+                                        attn_split=as_ or None, rpc_servers=self.rpc_servers or None)
+            except config.TensorSplitOnlyError as e:
+                skipped.add(_skip_note(e))
+                continue
+            ok = []
+            for cp in contexts:
+                try:
+                    config.check_combination(mp, cp)
+                    ok.append(cp)
+                except config.TensorSplitOnlyError as e:
+                    skipped.add(_skip_note(e))
+            if ok:
+                loads.append((mp, ok))
+        runs = [PlannedModel(m, mp, ok) for m in self.models for mp, ok in loads]
+        return Plan(runs, sorted(skipped))
 
     def tests(self) -> Iterator[Test]:
         for d in self.n_depth:
@@ -110,30 +117,40 @@ class BenchParams:
             yield from (Test(0, n, d) for n in self.n_gen if n > 0)
             yield from (Test(p, n, d) for p, n in self.pg)
 
-    def combinations(self) -> Iterator[tuple[ModelParams, ContextParams]]:
-        """The model and context parameters that run, in order (skipped ones left out)."""
-        for mp in self.model_params():
-            for cp in self.context_params():
-                if skip_reason(mp, cp) is None:
-                    yield mp, cp
+    def combinations(self) -> Iterator[tuple[str, ModelParams, ContextParams]]:
+        """The model file, model and context parameters that run, in order (skipped ones left out)."""
+        for run in self.plan().runs:
+            for cp in run.contexts:
+                yield run.path, run.model, cp
 
     def skipped(self) -> list[str]:
         """One note per reason a combination of the lists is skipped."""
-        notes = {skip_reason(mp, cp) for mp in self.model_params() for cp in self.context_params()}
-        return sorted(n for n in notes if n is not None)
+        return self.plan().skipped
 
     def count(self) -> int:
         return sum(1 for _ in self.combinations()) * sum(1 for _ in self.tests())
 
 
-def skip_reason(mp: ModelParams, cp: ContextParams) -> str | None:
-    """Why this combination is not run, or None. Llama refuses it (ValueError); a comma list that
-    mixes split modes should still run the rest."""
-    if mp.attn_split and mp.split_mode != "tensor":
-        return f"skipping -as with -sm {mp.split_mode}: the attention split needs -sm tensor"
-    if cp.split_overlap and mp.split_mode != "tensor":
-        return f"skipping -so 1 with -sm {mp.split_mode}: split overlap needs -sm tensor"
-    return None
+_SKIPPED_FLAG = {"attn_split": "-as", "split_overlap": "-so 1"}
+
+
+def _skip_note(e: config.TensorSplitOnlyError) -> str:
+    return f"skipping {_SKIPPED_FLAG[e.param]} with -sm {e.split_mode}: {e}"
+
+
+@dataclass(frozen=True)
+class PlannedModel:
+    """One model load of the bench: the file, its parameters, and the contexts that run on it."""
+
+    path: str
+    model: ModelParams
+    contexts: list[ContextParams]
+
+
+@dataclass(frozen=True)
+class Plan:
+    runs: list[PlannedModel]
+    skipped: list[str]  # one note per reason
 
 
 # Every axis at its default: the command line's defaults, and what the printers leave out.
@@ -142,8 +159,9 @@ DEFAULTS = BenchParams(models=[])
 
 @dataclass
 class TestResult:
+    model_path: str
     model: ModelParams
-    ctx: ContextParams
+    ctx: ContextParams  # n_ctx: the test's prompt, generation and depth
     test: Test
     model_type: str
     model_size: int
@@ -300,25 +318,20 @@ def _progress(total: int, enabled: bool) -> Callable[[int, Test, str], None]:
 def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestResult]:
     """Run every combination that is not skipped (params.skipped() says which are); yield each result
     as soon as it is measured."""
-    note = _progress(params.count(), progress)
+    plan = params.plan()
+    tests = list(params.tests())
+    note = _progress(sum(len(run.contexts) for run in plan.runs) * len(tests), progress)
     index = 0
-    for mp in params.model_params():
-        contexts = [cp for cp in params.context_params() if skip_reason(mp, cp) is None]
-        if not contexts:
-            continue
-        model = _llama.Model.load(mp.model, n_gpu_layers=mp.n_gpu_layers, split_mode=mp.split_mode,
-                                  main_gpu=mp.main_gpu, tensor_split=list(mp.tensor_split) or None,
-                                  attn_split=list(mp.attn_split) or None,
-                                  rpc_servers=list(mp.rpc_servers) or None)
+    for run in plan.runs:
+        mp = run.model
+        model = config.load_model(run.path, mp)
         try:
             label = model_label(model)
-            for cp in contexts:
-                for test in params.tests():
+            for cp in run.contexts:
+                for test in tests:
                     index += 1
-                    ctx = _llama.Context(model, n_ctx=test.n_prompt + test.n_gen + test.n_depth,
-                                         n_batch=cp.n_batch, n_ubatch=cp.n_ubatch, n_threads=cp.n_threads,
-                                         flash_attn=cp.flash_attn, type_k=cp.type_k, type_v=cp.type_v,
-                                         split_overlap=cp.split_overlap)
+                    test_cp = dataclasses.replace(cp, n_ctx=test.n_prompt + test.n_gen + test.n_depth)
+                    ctx = config.create_context(model, test_cp)
                     try:
                         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                         allreduce.reset_allreduce_stats()  # the counts include warm-up and depth-filling runs
@@ -331,7 +344,7 @@ def run_benchmarks(params: BenchParams, progress: bool = True) -> Iterator[TestR
                     note(index, test, "")  # clears the terminal line
                     calls = {k: v.calls for k, v in stats.paths.items() if v.calls}
                     host = runs.host_ns / runs.host_ubatches / 1e6 if runs.host_ubatches else None
-                    yield TestResult(mp, cp, test, label, model.size, model.n_params, runs.samples_ns, stamp,
-                                     params.warmup_runs, calls, lanes, host)
+                    yield TestResult(run.path, mp, test_cp, test, label, model.size, model.n_params, runs.samples_ns,
+                                     stamp, params.warmup_runs, calls, lanes, host)
         finally:
             model.free()

@@ -120,9 +120,6 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     ap = parser()
     ns = ap.parse_args(argv)
-    if not ns.rpc:
-        A.check_device_count(ap, "-ts/--tensor-split", [ns.tensor_split or ()], _llama.check_tensor_split)
-        A.check_device_count(ap, "-as/--attn-split", [ns.attn_split or ()], _llama.check_attn_split)
     if ns.kl_divergence and ns.kl_divergence_base is None:
         ap.error("--kl-divergence needs --kl-divergence-base FILE (made by a run without --kl-divergence)")
     if not ns.model:
@@ -136,9 +133,10 @@ def _main(argv: list[str] | None) -> int:
                             main_gpu=ns.main_gpu, tensor_split=tuple(ns.tensor_split or ()),
                             attn_split=tuple(ns.attn_split or ()), flash_attn=ns.flash_attn, type_k=ns.cache_type_k,
                             type_v=ns.cache_type_v, n_threads=ns.threads, split_overlap=ns.split_overlap,
-                            rpc_servers=tuple(ns.rpc or ()), top_k=ns.kl_top_k)
-        _llama.check_batch_sizes(settings.batch, settings.ubatch)
+                            rpc_servers=tuple(ns.rpc or ()), top_k=ns.kl_top_k)  # checks them (config)
     except (ValueError, OSError) as e:
+        if isinstance(e, ValueError):
+            A.exit_on_flag_error(ap, e)
         print(f"perplexity: error: {e}", file=sys.stderr)
         return 2
     try:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pyllama_so import _llama
+from pyllama_so import _llama, config
 from pyllama_so.perplexity.base_file import BaseFile, scored_per_chunk
 from pyllama_so.perplexity.scoring import BaseRows, Comparison, base_rows, compare, target_nll
 
@@ -34,7 +34,7 @@ class Settings:
     n_ctx: int = 512
     n_chunks: int = 0  # 0: every whole chunk of the text
     n_batch: int = 2048
-    n_ubatch: int | None = None  # None: _llama.default_n_ubatch of the chunk-sized batch
+    n_ubatch: int | None = None  # None: config.ContextParams' default for the chunk-sized batch
     n_gpu_layers: int = -1
     split_mode: str = "layer"
     main_gpu: int = 0
@@ -55,10 +55,20 @@ class Settings:
             raise ValueError(f"n_chunks must be >= 0 (0: all), got {self.n_chunks}")
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.split_overlap and self.split_mode != "tensor":
-            raise ValueError(f'split_overlap needs split_mode="tensor", not {self.split_mode!r}')
-        if self.attn_split and self.split_mode != "tensor":
-            raise ValueError(f'attn_split needs split_mode="tensor", not {self.split_mode!r}')
+        config.check_combination(self.model_params(), self.context_params())  # Llama's rules
+
+    def model_params(self) -> config.ModelParams:
+        return config.ModelParams(n_gpu_layers=self.n_gpu_layers, split_mode=self.split_mode, main_gpu=self.main_gpu,
+                                  tensor_split=self.tensor_split or None, attn_split=self.attn_split or None,
+                                  rpc_servers=self.rpc_servers or None)
+
+    def context_params(self) -> config.ContextParams:
+        """A context of one chunk: n_batch and n_ubatch at most one chunk (llama-perplexity's n_batch); an
+        n_ubatch above n_batch is refused as everywhere."""
+        return config.ContextParams(
+            n_ctx=self.n_ctx, n_batch=self.batch, n_ubatch=None if self.n_ubatch is None else min(self.n_ubatch, self.n_ctx),
+            n_threads=self.n_threads, n_threads_batch=self.n_threads, flash_attn=self.flash_attn, type_k=self.type_k,
+            type_v=self.type_v, split_overlap=self.split_overlap)
 
     @property
     def batch(self) -> int:
@@ -67,8 +77,7 @@ class Settings:
 
     @property
     def ubatch(self) -> int:
-        ub = _llama.default_n_ubatch(self.batch, self.split_overlap) if self.n_ubatch is None else self.n_ubatch
-        return min(ub, self.batch)
+        return self.context_params().n_ubatch
 
     def flags(self) -> dict[str, Any]:
         """What the report and the base file record."""
@@ -151,10 +160,7 @@ def run(settings: Settings, *, text: str | None = None, base_in: BaseFile | None
         raise ValueError(f"the base was evaluated in chunks of {base_in.n_ctx} tokens, not {settings.n_ctx}")
     if not os.path.isfile(settings.model):
         raise FileNotFoundError(f"model file not found: {settings.model}")
-    model = _llama.Model.load(settings.model, n_gpu_layers=settings.n_gpu_layers, split_mode=settings.split_mode,
-                              main_gpu=settings.main_gpu, tensor_split=list(settings.tensor_split) or None,
-                              attn_split=list(settings.attn_split) or None,
-                              rpc_servers=list(settings.rpc_servers) or None)
+    model = config.load_model(settings.model, settings.model_params())
     ctx = None
     try:
         n_ctx = settings.n_ctx
@@ -169,10 +175,7 @@ def run(settings: Settings, *, text: str | None = None, base_in: BaseFile | None
             raise ValueError(f"the text has {len(tokens)} tokens, fewer than one chunk of n_ctx={n_ctx}")
         if settings.n_chunks:
             n_chunk = min(n_chunk, settings.n_chunks)
-        ctx = _llama.Context(model, n_ctx=n_ctx, n_batch=settings.batch, n_ubatch=settings.ubatch,
-                             n_threads=settings.n_threads, n_threads_batch=settings.n_threads,
-                             flash_attn=settings.flash_attn, type_k=settings.type_k, type_v=settings.type_v,
-                             split_overlap=settings.split_overlap)
+        ctx = config.create_context(model, settings.context_params())
         first = n_ctx // 2
         nll_parts: list[np.ndarray] = []
         rows_out: list[BaseRows] = []

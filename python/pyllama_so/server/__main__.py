@@ -21,6 +21,7 @@ from types import FrameType
 
 from pyllama_so import _llama
 from pyllama_so import args as A
+from pyllama_so.config import ContextParams, ModelParams, create_context, load_model
 from pyllama_so.synth import SHAPES, cached_model
 
 EXTRA = 'pip install "pyllama_so[server]"'
@@ -112,22 +113,14 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     ap = parser()
     ns = ap.parse_args(argv)
-    if ns.ubatch_size is None:  # llama.cpp's 512, or with -so 1 half of -b, as Llama and the bench
-        ns.ubatch_size = _llama.default_n_ubatch(ns.batch_size, ns.split_overlap)
-    try:
-        _llama.check_batch_sizes(ns.batch_size, ns.ubatch_size)
-        if ns.split_overlap and ns.split_mode != "tensor":
-            raise ValueError(f"-so 1 needs -sm tensor, not -sm {ns.split_mode}")
-        if ns.attn_split and ns.split_mode != "tensor":  # before its length: no device count makes it right
-            raise ValueError(f"-as needs -sm tensor, not -sm {ns.split_mode}")
+    try:  # Llama's rules and messages (pyllama_so.config); -ub defaults to 512, or half of -b with -so 1
+        params = A.tool_config(ns, n_ctx=ns.ctx_size, n_seq_max=ns.parallel)
         if ns.chat_template and ns.chat_template_file:
             raise ValueError("give --chat-template or --chat-template-file, not both")
     except ValueError as e:
+        A.exit_on_flag_error(ap, e)
         print(f"server: error: {e}", file=sys.stderr)
         return 2
-    if not ns.rpc:  # with RPC servers the model load counts their devices too
-        A.check_device_count(ap, "-ts/--tensor-split", [ns.tensor_split or ()], _llama.check_tensor_split)
-        A.check_device_count(ap, "-as/--attn-split", [ns.attn_split or ()], _llama.check_attn_split)
     missing = missing_extra()
     if missing:
         print(f"server: {missing} is not installed; the server needs the server extra: {EXTRA}", file=sys.stderr)
@@ -144,7 +137,7 @@ def _main(argv: list[str] | None) -> int:
         if not path.is_file():
             print(f"server: model file not found: {path}", file=sys.stderr)
             return 1
-        return serve(ns, path, sock)
+        return serve(ns, path, sock, *params)
     except (_llama.LlamaError, ValueError, OSError, ImportError) as e:
         print(f"server: error: {e}", file=sys.stderr)
         return 1
@@ -152,7 +145,8 @@ def _main(argv: list[str] | None) -> int:
         sock.close()
 
 
-def serve(ns: argparse.Namespace, path: Path, sock: socket.socket) -> int:
+def serve(ns: argparse.Namespace, path: Path, sock: socket.socket, model_params: ModelParams,
+          context_params: ContextParams) -> int:
     import uvicorn
 
     from pyllama_so.server import chat
@@ -176,21 +170,18 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket) -> int:
             self.should_exit = True
             self.force_exit = self.signals > 2
 
-    model = _llama.Model.load(path, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode, main_gpu=ns.main_gpu,
-                              tensor_split=ns.tensor_split, attn_split=ns.attn_split, rpc_servers=ns.rpc)
+    model = load_model(path, model_params)
     ctx = None
     embedder = None
     try:
         # before the context (its KV cache may take long to allocate): a broken template stops the start
         template = chat.resolve(model, ns.chat_template, ns.chat_template_file)
-        ctx = _llama.Context(model, n_ctx=ns.ctx_size, n_batch=ns.batch_size,
-                             n_ubatch=ns.ubatch_size, n_seq_max=ns.parallel, n_threads=ns.threads,
-                             n_threads_batch=ns.threads, flash_attn=ns.flash_attn, type_k=ns.cache_type_k,
-                             type_v=ns.cache_type_v, split_overlap=ns.split_overlap)
+        ctx = create_context(model, context_params)
         lanes = ctx.split_overlap_stats()
         if ns.split_overlap and not lanes["enabled"]:
             log.warning("split overlap stays off: %s", lanes["reason"])
-        embedder = EmbeddingService.create(model, ns) if ns.embedding else None
+        embedder = (EmbeddingService.create(model, model_params, context_params, ns.pooling, ns.embd_normalize)
+                    if ns.embedding else None)
         engine = Engine(ctx, queue_size=ns.queue_size, backend_sampling=ns.backend_sampling)
         model_id = ns.alias or path.name
         meta = {"path": str(path), "desc": model.desc, "n_params": model.n_params, "size": model.size,

@@ -15,8 +15,8 @@ Without --embeddings the routes answer 501 as llama-server does.
 
 from __future__ import annotations
 
-import argparse
 import base64
+import dataclasses
 import threading
 from typing import Any, Literal
 
@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
-from pyllama_so import _llama
+from pyllama_so import _llama, config
 from pyllama_so.embeddings import EUCLIDEAN, batch_limit, embed_tokens, embedding_sequences, normalize
 from pyllama_so.server.errors import ApiError
 
@@ -55,19 +55,18 @@ class EmbeddingService:
         self._lock = threading.Lock()
 
     @classmethod
-    def create(cls, model: _llama.Model, ns: argparse.Namespace) -> EmbeddingService:
-        """The service for the server's flags: a batch is one ubatch of -ub tokens (llama-server lowers
-        -b to -ub with --embeddings the same way), the context holds one batch."""
-        pooling = _llama.pooling_type_name(ns.pooling)
-        if pooling == "rank" and model.pooling_type != "rank":
-            raise ValueError(f"--pooling rank needs a reranking model; this one pools with {model.pooling_type!r}")
-        n = min(ns.batch_size, ns.ubatch_size)
-        ctx = _llama.Context(model, n_ctx=n, n_batch=n, n_ubatch=n, n_seq_max=embedding_sequences(n, ns.split_mode),
-                             n_threads=ns.threads, n_threads_batch=ns.threads, flash_attn=ns.flash_attn,
-                             type_k=ns.cache_type_k, type_v=ns.cache_type_v, embeddings=True, pooling_type=pooling,
-                             kv_unified=True)
+    def create(cls, model: _llama.Model, model_params: config.ModelParams, slots: config.ContextParams,
+               pooling: str | None, embd_normalize: int = EUCLIDEAN) -> EmbeddingService:
+        """The service beside the slots' context (slots: its parameters, from the server's flags): a batch
+        is one ubatch of -ub tokens (llama-server lowers -b to -ub with --embeddings the same way), the
+        context holds one batch; threads, flash attention and cache types are the slots'."""
+        n = min(slots.n_batch, slots.n_ubatch)
+        params = dataclasses.replace(slots, n_ctx=n, n_batch=n, n_ubatch=n,
+                                     n_seq_max=embedding_sequences(n, model_params.split_mode),
+                                     split_overlap=False, embeddings=True, pooling_type=pooling, kv_unified=True)
+        ctx = config.create_context(model, params)
         try:
-            return cls(ctx, ns.embd_normalize)
+            return cls(ctx, embd_normalize)
         except BaseException:
             ctx.free()
             raise
