@@ -23,7 +23,7 @@ import pytest
 
 from pyllama_so import _llama, testing
 from pyllama_so.sampling import SamplingParams
-from split_devices import same_bits, virtual_devices
+from split_devices import copy_engine_routing, cuda_device_pair, same_bits, virtual_devices
 
 MAKES_CPU_VIRTUAL_DEVICES = True  # conftest runs this module last
 
@@ -65,7 +65,7 @@ def _prompt(seq: int, n: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(100 + seq).integers(1, 127, n)]
 
 
-def serve(ctx: _llama.Context, model: _llama.Model, seeded: bool, on_step=None) -> list:
+def _serve(ctx: _llama.Context, model: _llama.Model, seeded: bool, on_step=None) -> list:
     """Run SCHEDULE as the server's engine does: each step one call with one token per generating sequence and
     prompt pieces within the budget (n_ubatch while any sequence generates), items in seq_id order. Greedy:
     the next token is the argmax of the item's logits (returned: the logits of every step); seeded: each
@@ -127,15 +127,16 @@ def _context(model: _llama.Model, split_overlap: bool) -> _llama.Context:
                           split_overlap=split_overlap, n_threads=1)
 
 
-def _run(arch: str, split_overlap: bool, seeded: bool, delays_us: tuple[int, int] = (0, 0), on_step=None):
-    devices = virtual_devices(2)
+def _run(arch: str, split_overlap: bool, seeded: bool, delays_us: tuple[int, int] = (0, 0), on_step=None,
+         devices: list[int] | None = None):
+    devices = devices or virtual_devices(2)
     model = testing.arch_model(arch, testing.arch_flags(arch)["moe_mandatory"], devices, "tensor")
     ctx = _context(model, split_overlap)
     try:
         for lane, delay in enumerate(delays_us):
             if delay:
                 assert testing.delay_lane(ctx, lane, delay) == len(devices)
-        return serve(ctx, model, seeded, on_step), ctx.split_overlap_stats()
+        return _serve(ctx, model, seeded, on_step), ctx.split_overlap_stats()
     finally:
         ctx.free()
         model.free()
@@ -234,3 +235,17 @@ def test_mixed_steps_need_the_cross_lane_waits() -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     assert "GGML_META_LANES_TEST=nowait" in res.stderr
     assert res.stdout.strip().splitlines()[-1] == "DIFFERENT"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("copy_engines", [False, True], ids=["upstream-allreduce", "copy-engines"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "lfm2", "qwen3next"])
+def test_gpu_mixed_steps_give_the_bits_of_one_lane(arch: str, copy_engines: bool) -> None:
+    """The same schedule on two CUDA devices (two GPUs, or GGML_CUDA_DEVICES=2 on one): bitwise -so 0's
+    logits, both lanes used."""
+    devices = cuda_device_pair()
+    with copy_engine_routing(copy_engines):
+        off, _ = _run(arch, False, False, devices=devices)
+        on, stats = _run(arch, True, False, devices=devices)
+    assert stats["enabled"] and min(stats["ubatches"]) >= 5, stats
+    assert _same(off, on, False)
