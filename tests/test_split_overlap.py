@@ -114,6 +114,36 @@ def test_alternation_carries_over_and_small_ubatches_stay_on_lane_0() -> None:
         model.free()
 
 
+def test_the_ubatches_of_one_call_alternate_whatever_their_sizes() -> None:
+    """Within a decode call every ubatch takes the other lane than the one before it (a small one too: it
+    would wait on the host for the previous one of its lane); a call's first ubatch takes next_lane when it
+    is large, lane 0 when it is small; next_lane then follows the call's last ubatch."""
+    devices = virtual_devices(2)
+    model = testing.arch_model("llama", False, devices, "tensor")
+    ctx = _llama.Context(model, n_ctx=1024, n_batch=256, n_ubatch=N_UBATCH, split_overlap=True, n_threads=1)
+    calls = [  # tokens of one call -> its ubatches per lane, next_lane after it
+        (66, [1, 1], 0),   # 64 + 2: lanes 0, 1
+        (130, [2, 1], 1),  # 64 + 64 + 2: lanes 0, 1, 0
+        (64, [0, 1], 0),   # one large ubatch on next_lane
+        (1, [1, 0], 0),    # decoding: lane 0, next_lane unchanged
+        (2, [1, 0], 0),
+        (64, [1, 0], 1),
+        (1, [1, 0], 1),
+        (66, [1, 1], 1),   # lanes 1, 0
+    ]
+    try:
+        got = []
+        for n, _, _ in calls:
+            before = ctx.split_overlap_stats()["ubatches"]
+            ctx.decode(_TOKENS[:n])
+            after = ctx.split_overlap_stats()
+            got.append((n, [b - a for a, b in zip(before, after["ubatches"])], after["next_lane"]))
+    finally:
+        ctx.free()
+        model.free()
+    assert got == calls
+
+
 def test_each_lane_reserves_a_full_ubatch_of_compute_buffers() -> None:
     devices = virtual_devices(2)
     sizes = {}

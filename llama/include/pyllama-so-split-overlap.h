@@ -1,12 +1,14 @@
 #pragma once
 
-// Split overlap (llama_context_params.split_overlap): under LLAMA_SPLIT_MODE_TENSOR, prompt ubatches of at
-// least LLAMA_SPLIT_OVERLAP_MIN_TOKENS tokens alternate between two lanes, each with its own scheduler and
-// Meta backend (streams, AllReduce context, compute buffers), sharing the weights and the KV / recurrent
-// state. One lane's AllReduces then run while the other lane computes; the ordering between the lanes
-// follows the state tensors (ggml-backend-meta-lanes.h), so the output is bitwise that of one lane.
-// Smaller ubatches (decoding) and encoding run on lane 0. The alternation carries over between
-// llama_decode calls.
+// Split overlap (llama_context_params.split_overlap): under LLAMA_SPLIT_MODE_TENSOR, consecutive ubatches
+// alternate between two lanes, each with its own scheduler and Meta backend (streams, AllReduce context,
+// compute buffers), sharing the weights and the KV / recurrent state. One lane's AllReduces then run while
+// the other lane computes; the ordering between the lanes follows the state tensors
+// (ggml-backend-meta-lanes.h), so the output is bitwise that of one lane.
+// The ubatches of one llama_decode call alternate whatever their sizes (a server's step of generated
+// tokens and a prompt piece runs on both lanes). A call's first ubatch runs on lane 0 when it has fewer than
+// LLAMA_SPLIT_OVERLAP_MIN_TOKENS tokens (decoding), else on next_lane, which carries the alternation over
+// from the calls before. Encoding, and every ubatch with backend samplers, run on lane 0.
 
 #include "llama.h"
 
@@ -37,7 +39,7 @@ struct llama_split_overlap_stats {
     size_t   size;            // set to sizeof(struct llama_split_overlap_stats) by the caller
     int32_t  enabled;         // 1 when the two lanes exist
     int32_t  reason;          // enum llama_split_overlap_reason
-    int32_t  next_lane;       // the lane the next ubatch of >= LLAMA_SPLIT_OVERLAP_MIN_TOKENS tokens takes
+    int32_t  next_lane;       // the lane of a llama_decode call's first ubatch of >= LLAMA_SPLIT_OVERLAP_MIN_TOKENS tokens
     uint64_t ubatches[2];     // ubatches run on each lane
     uint64_t graph_builds[2]; // graphs each lane's Meta backend (re)built (a reused graph is not rebuilt)
     uint64_t waits[2];        // event waits each lane issued on the other lane (all devices)

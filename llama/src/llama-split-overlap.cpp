@@ -72,8 +72,7 @@ void llama_split_overlap::init(llama_context & ctx, const llama_context_params &
     }
 
     if (so->enabled) {
-        LLAMA_LOG_INFO("%s: split overlap: ubatches of >= %d tokens alternate between two lanes\n",
-                __func__, LLAMA_SPLIT_OVERLAP_MIN_TOKENS);
+        LLAMA_LOG_INFO("%s: split overlap: consecutive ubatches alternate between two lanes\n", __func__);
     } else {
         LLAMA_LOG_WARN("%s: split overlap stays off: %s\n", __func__, reason_text(so->reason));
     }
@@ -97,16 +96,31 @@ void llama_split_overlap::activate(llama_context & ctx, int lane) {
     active = lane;
 }
 
-void llama_split_overlap::select(llama_context & ctx, const llama_ubatch & ubatch) {
+void llama_split_overlap::select(llama_context & ctx, const llama_ubatch & ubatch, bool first) {
     if (!enabled) {
         return;
     }
+    const bool large = ubatch.n_tokens >= LLAMA_SPLIT_OVERLAP_MIN_TOKENS;
     int lane = 0;
     // backend samplers keep per-sequence state outside the Meta buffers: stay on one lane with them
-    const bool large = ubatch.n_tokens >= LLAMA_SPLIT_OVERLAP_MIN_TOKENS && ctx.sampling.samplers.empty();
-    if (large) {
-        lane = next;
-        next ^= 1;
+    if (ctx.sampling.samplers.empty()) {
+        if (first) {
+            // a large first ubatch continues the alternation of the calls before (a prompt fed in pieces of
+            // one ubatch); a small one (decoding) starts on lane 0, where decoding keeps its reusable graph
+            lane       = large ? next : 0;
+            call_large = false;
+        } else {
+            // the scheduler synchronizes a lane's Meta backend (it has no events) before it copies a ubatch's
+            // inputs, so a ubatch waits on the host for the previous one of its lane: the ubatches of one call
+            // alternate whatever their sizes, and a server's step (a token of each generating sequence and a
+            // prompt piece, which llama.cpp cuts into several ubatches) runs on both lanes
+            lane = prev ^ 1;
+        }
+        call_large = call_large || large;
+        if (call_large) {
+            next = lane ^ 1; // the next call's large first ubatch goes on from this call's last ubatch
+        }
+        prev = lane;
     }
     activate(ctx, lane);
     // a small ubatch (decoding) gains nothing from the lane's issue thread and would pay the hand-over

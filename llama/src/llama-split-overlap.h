@@ -33,7 +33,9 @@ struct llama_split_overlap {
     bool    enabled   = false;
     int32_t reason    = LLAMA_SPLIT_OVERLAP_NOT_REQUESTED;
     int     active    = 0;     // the lane in llama_context's members
-    int     next      = 0;     // the lane of the next large ubatch
+    int     next      = 0;     // the lane of a large ubatch that starts a llama_decode call
+    int     prev      = 0;     // the lane of the previous ubatch of the current llama_decode call
+    bool    call_large = false; // the current llama_decode call has had a large ubatch
     size_t  i_meta    = 0;     // index of the Meta backend in backends / backend_ptrs
     bool    reserving = false; // inside after_reserve
     lane    stash;             // the inactive lane
@@ -44,7 +46,8 @@ struct llama_split_overlap {
     static void init(llama_context & ctx, const llama_context_params & params);
 
     void activate(llama_context & ctx, int lane);                     // make `lane` the active one
-    void select(llama_context & ctx, const llama_ubatch & ubatch);    // pick the lane of a decode ubatch
+    // pick the lane of a decode ubatch; first: the first ubatch of its llama_decode call
+    void select(llama_context & ctx, const llama_ubatch & ubatch, bool first);
     void after_reserve(llama_context & ctx);                          // reserve the inactive lane too
     void wait_issued() const;                                         // both lanes' threads have issued all
     void synchronize();                                               // the inactive lane's scheduler

@@ -529,7 +529,8 @@ cdef class Context:
 
     def split_overlap_stats(self):
         """What split overlap did in this context: whether the two lanes exist (else why not), the lane
-        of the next large ubatch, and per lane the ubatches, graph builds, cross-lane waits and records."""
+        of a decode call's first ubatch of >= 64 tokens, and per lane the ubatches, graph builds,
+        cross-lane waits and records."""
         self._check_open()
         cdef llama_split_overlap_stats st
         st.size = sizeof(llama_split_overlap_stats)

@@ -86,13 +86,13 @@ class Llama:
     verbose: show llama.cpp's log from the info level on (default: warnings and errors). A level set
     with pyllama_so.set_log_level() before is kept: verbose=True only lowers it to info.
 
-    split_overlap: with split_mode="tensor", consecutive ubatches of at least 64 tokens alternate
-    between two lanes (each with its own scheduler, streams, AllReduce context and compute buffers),
-    so one ubatch's AllReduces run while the next ubatch computes. It helps prompt processing where
-    the AllReduces take a noticeable share of the time; n_ubatch is the size of each lane's ubatch, by
-    default half of n_batch (else 512, as llama.cpp), so that every batch feeds both lanes.
-    The logits are bitwise identical to those without it. Decoding (ubatches under 64 tokens) stays
-    on lane 0. Each lane reserves its own compute buffers. Without split_mode="tensor" it is a
+    split_overlap: with split_mode="tensor", consecutive ubatches alternate between two lanes (each
+    with its own scheduler, streams, AllReduce context and compute buffers), so one ubatch's
+    AllReduces run while the next ubatch computes. It helps prompt processing where the AllReduces
+    take a noticeable share of the time; n_ubatch is the size of each lane's ubatch, by default half
+    of n_batch (else 512, as llama.cpp), so that every batch feeds both lanes.
+    The logits are bitwise identical to those without it. A decode call of one ubatch under 64 tokens
+    (decoding) stays on lane 0. Each lane reserves its own compute buffers. Without split_mode="tensor" it is a
     ValueError; where the library keeps the lanes off (e.g. not every layer on the split devices),
     a UserWarning says why. split_overlap_stats() tells what ran; docs/multi-gpu.md has the details.
 
