@@ -16,6 +16,7 @@ import pytest
 from cuda_devices import two_cuda_gpus
 
 import pyllama_so
+import pyllama_so.testing  # noqa: F401  installs the test-only switches (GGML_CUDA_AR_CE_FAIL_ALLOC)
 from pyllama_so import Llama, _llama, allreduce
 
 CHUNK_ELEMS = 1024 * 1024 // 2  # the smallest automatic chunk (1 MiB of BF16)

@@ -34,9 +34,9 @@ struct ggml_cuda_ce_paths {
 
 struct ggml_cuda_ce_router;
 
-// Reads GGML_CUDA_AR_CE, GGML_CUDA_AR_CE_MIN_BYTES, GGML_CUDA_AR_CE_CHUNK_BYTES and
-// GGML_CUDA_AR_CE_FAIL_ALLOC. Never fails; allocates no transfer buffers (that happens at the
-// first large reduction).
+// Reads GGML_CUDA_AR_CE, GGML_CUDA_AR_CE_MIN_BYTES and GGML_CUDA_AR_CE_CHUNK_BYTES (and asks the test
+// hook PYLLAMA_SO_TEST_HOOK_CUDA_AR_CE_FAIL_ALLOC). Never fails; allocates no transfer buffers (that
+// happens at the first large reduction).
 ggml_cuda_ce_router * ggml_cuda_ce_router_init(
     ggml_backend_t * backends, const int * dev_ids, size_t n_backends, const ggml_cuda_ce_paths & paths);
 
