@@ -675,11 +675,5 @@ void * ggml_cuda_ce_proc_address(const char * name) {
     if (strcmp(name, PYLLAMA_SO_AR_STATS_RESET_NAME) == 0) {
         return (void *) ggml_cuda_ce_stats_reset;
     }
-    if (strcmp(name, PYLLAMA_SO_AR_RUN_NAME) == 0) {
-        return (void *) ggml_cuda_ce_run;
-    }
-    if (strcmp(name, PYLLAMA_SO_AR_BENCH_NAME) == 0) {
-        return (void *) ggml_cuda_ce_bench;
-    }
     return nullptr;
 }
