@@ -1,7 +1,7 @@
 """Copy-engine AllReduce (ggml/src/ggml-cuda/allreduce-ce.cu): exactness, routing, knobs, races.
 
 GPU tests run reductions on host data through a fresh CUDA comm context on devices 0 and 1
-(pyllama_so._llama.allreduce_run) and compare with an exact numpy emulation: each side rounded
+(pyllama_so.bench.allreduce_rig.allreduce_run) and compare with an exact numpy emulation: each side rounded
 F32 -> BF16 (nearest even), added in F32 as part0 + part1.
 """
 
@@ -16,7 +16,9 @@ import pytest
 from cuda_devices import two_cuda_gpus
 
 import pyllama_so
-from pyllama_so import Llama, _llama, allreduce
+import pyllama_so.testing  # noqa: F401  installs the test-only switches (GGML_CUDA_AR_CE_FAIL_ALLOC)
+from pyllama_so import Llama, allreduce
+from pyllama_so.bench import allreduce_rig
 
 CHUNK_ELEMS = 1024 * 1024 // 2  # the smallest automatic chunk (1 MiB of BF16)
 SLOT_ELEMS = 4 * 1024 * 1024 // 2  # one slot (the per-round buffer) in BF16 elements
@@ -111,10 +113,10 @@ def test_stats_api_shape() -> None:
 
 
 def test_run_without_cuda_raises() -> None:
-    if allreduce.allreduce_available():
+    if allreduce_rig.available():
         pytest.skip("CUDA build")
     with pytest.raises(pyllama_so.LlamaError):
-        _llama.allreduce_run(np.zeros(4, np.float32), np.zeros(4, np.float32))
+        allreduce_rig.allreduce_run(np.zeros(4, np.float32), np.zeros(4, np.float32))
 
 
 def test_configure_allreduce_sets_env(knobs: pytest.MonkeyPatch) -> None:
@@ -176,7 +178,7 @@ SIZES = [1, 2, 3, 1001, CHUNK_ELEMS - 1, CHUNK_ELEMS + 7, SLOT_ELEMS, SLOT_ELEMS
 def test_ce_bitwise(knobs: pytest.MonkeyPatch, n: int) -> None:
     force_ce(knobs)
     a0, a1 = special_data(n, 1), special_data(n, 2)
-    r0, r1 = _llama.allreduce_run(a0, a1)
+    r0, r1 = allreduce_rig.allreduce_run(a0, a1)
     assert_same_on_both(r0, r1)
     assert_bitwise(r0, emulate(a0, a1), f"n={n}")
     st = allreduce.allreduce_stats()
@@ -193,7 +195,7 @@ def test_ce_bitwise_fixed_chunk_sizes(knobs: pytest.MonkeyPatch, n: int, chunk: 
     force_ce(knobs)
     knobs.setenv("GGML_CUDA_AR_CE_CHUNK_BYTES", str(chunk))
     a0, a1 = special_data(n, 8), special_data(n, 9)
-    r0, r1 = _llama.allreduce_run(a0, a1, n_iter=1)
+    r0, r1 = allreduce_rig.allreduce_run(a0, a1, n_iter=1)
     assert_same_on_both(r0, r1)
     assert_bitwise(r0, emulate(a0, a1), f"n={n} chunk={chunk}")
 
@@ -210,7 +212,7 @@ def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive
         a0[:] = np.nan
     if inactive & 2:
         a1[:] = np.nan
-    r0, r1 = _llama.allreduce_run(a0, a1, inactive=inactive)
+    r0, r1 = allreduce_rig.allreduce_run(a0, a1, inactive=inactive)
     assert_same_on_both(r0, r1)
     assert_bitwise(r0, emulate(a0, a1, inactive), f"inactive={inactive}")
     assert allreduce.allreduce_stats().paths["ce"].calls == 1
@@ -220,7 +222,7 @@ def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive
 @needs_two_gpus
 def test_empty_reduction(knobs: pytest.MonkeyPatch) -> None:
     force_ce(knobs)
-    r0, r1 = _llama.allreduce_run(np.zeros(0, np.float32), np.zeros(0, np.float32))
+    r0, r1 = allreduce_rig.allreduce_run(np.zeros(0, np.float32), np.zeros(0, np.float32))
     assert r0.size == 0 and r1.size == 0
     assert allreduce.allreduce_stats().total_calls == 0  # nothing to move, on any path
 
@@ -233,7 +235,7 @@ def test_routing_by_size(knobs: pytest.MonkeyPatch) -> None:
     large = MIN_BYTES_DEFAULT // 4
     for n in (small, large):
         a0, a1 = special_data(n, 5), special_data(n, 6)
-        r0, r1 = _llama.allreduce_run(np.nan_to_num(a0, posinf=0, neginf=0), np.nan_to_num(a1, posinf=0, neginf=0))
+        r0, r1 = allreduce_rig.allreduce_run(np.nan_to_num(a0, posinf=0, neginf=0), np.nan_to_num(a1, posinf=0, neginf=0))
         assert_same_on_both(r0, r1)
     st = allreduce.allreduce_stats()
     assert st.paths["ce"].calls == 1 and st.paths["ce"].bytes == 4 * large
@@ -243,8 +245,8 @@ def test_routing_by_size(knobs: pytest.MonkeyPatch) -> None:
 
     allreduce.reset_allreduce_stats()
     knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", str(4 * 1000))
-    _llama.allreduce_run(np.ones(999, np.float32), np.ones(999, np.float32))
-    _llama.allreduce_run(np.ones(1000, np.float32), np.ones(1000, np.float32))
+    allreduce_rig.allreduce_run(np.ones(999, np.float32), np.ones(999, np.float32))
+    allreduce_rig.allreduce_run(np.ones(1000, np.float32), np.ones(1000, np.float32))
     assert allreduce.allreduce_stats().paths["ce"].calls == 1
 
 
@@ -254,7 +256,7 @@ def test_knob_off_sends_large_to_base_path(knobs: pytest.MonkeyPatch) -> None:
     knobs.setenv("GGML_CUDA_AR_CE", "0")
     n = 4 * SLOT_ELEMS
     a0, a1 = np.ones(n, np.float32), np.full(n, 2.0, np.float32)
-    r0, r1 = _llama.allreduce_run(a0, a1)
+    r0, r1 = allreduce_rig.allreduce_run(a0, a1)
     np.testing.assert_array_equal(r0, 3.0)
     np.testing.assert_array_equal(r1, 3.0)
     st = allreduce.allreduce_stats()
@@ -266,7 +268,7 @@ def test_knob_off_sends_large_to_base_path(knobs: pytest.MonkeyPatch) -> None:
 @needs_two_gpus
 def test_knob_force_with_configure(knobs: pytest.MonkeyPatch) -> None:
     allreduce.configure_allreduce(copy_engines=True, min_bytes=1)
-    _llama.allreduce_run(np.ones(10, np.float32), np.ones(10, np.float32))
+    allreduce_rig.allreduce_run(np.ones(10, np.float32), np.ones(10, np.float32))
     st = allreduce.allreduce_stats()
     assert st.paths["ce"].calls == 1 and st.ce_buffer_allocs == 1
 
@@ -279,7 +281,7 @@ def test_allocation_failure_falls_back(knobs: pytest.MonkeyPatch) -> None:
     n = SLOT_ELEMS + 17
     rng = np.random.default_rng(7)
     a0, a1 = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
-    r0, r1 = _llama.allreduce_run(a0, a1, n_iter=1)
+    r0, r1 = allreduce_rig.allreduce_run(a0, a1, n_iter=1)
     assert_same_on_both(r0, r1)
     np.testing.assert_allclose(r0, a0 + a1, rtol=2e-2, atol=5e-2)  # NCCL/internal: BF16 on the wire
     st = allreduce.allreduce_stats()
@@ -299,7 +301,7 @@ def test_race_hunt_back_to_back(knobs: pytest.MonkeyPatch, n: int, n_iter: int) 
     rng = np.random.default_rng(n ^ n_iter)
     a0 = rng.standard_normal(n * n_iter).astype(np.float32)
     a1 = rng.standard_normal(n * n_iter).astype(np.float32)
-    r0, r1 = _llama.allreduce_run(a0, a1, n_iter=n_iter)
+    r0, r1 = allreduce_rig.allreduce_run(a0, a1, n_iter=n_iter)
     assert_same_on_both(r0, r1)
     want = emulate(a0, a1)
     for k in range(n_iter):
@@ -320,7 +322,7 @@ def test_race_hunt_alternating_sizes(knobs: pytest.MonkeyPatch, n: int, n_alt: i
     rng = np.random.default_rng(n_alt)
     a0 = rng.standard_normal(n * n_iter).astype(np.float32)
     a1 = rng.standard_normal(n * n_iter).astype(np.float32)
-    r0, r1 = _llama.allreduce_run(a0, a1, n_iter=n_iter, n_alt=n_alt)
+    r0, r1 = allreduce_rig.allreduce_run(a0, a1, n_iter=n_iter, n_alt=n_alt)
     want = emulate(a0, a1)
     for k in range(n_iter):
         m = n_alt if k % 2 else n
@@ -336,7 +338,7 @@ def test_race_hunt_alternating_sizes(knobs: pytest.MonkeyPatch, n: int, n_alt: i
 def test_run_rejects_bad_arguments_in_every_build(kwargs: dict) -> None:
     """Checked before the CUDA lookup: a ValueError with or without the CUDA backend."""
     with pytest.raises(ValueError):
-        _llama.allreduce_run(np.zeros(4, np.float32), np.zeros(4, np.float32), **kwargs)
+        allreduce_rig.allreduce_run(np.zeros(4, np.float32), np.zeros(4, np.float32), **kwargs)
 
 
 @pytest.mark.gpu

@@ -107,7 +107,7 @@ def test_sweep_times_the_ceiling_in_each_chunk_size(monkeypatch: pytest.MonkeyPa
         return [100.0 if chunk is None else 100.0 + (4 << 20) / int(chunk)]
 
     monkeypatch.delenv("GGML_CUDA_AR_CE_CHUNK_BYTES", raising=False)
-    monkeypatch.setattr(ar._llama, "allreduce_bench", fake_bench)
+    monkeypatch.setattr(ar.allreduce_rig, "allreduce_bench", fake_bench)
     monkeypatch.setattr(ar, "cuda_devices", lambda: [{"name": "CUDA0"}, {"name": "CUDA1"}])
     monkeypatch.setattr(ar, "time_path", lambda path, *a: {"error": "not timed here"})
     monkeypatch.setattr(ar, "time_in_child", lambda *a: {"error": "not timed here"})
@@ -117,3 +117,35 @@ def test_sweep_times_the_ceiling_in_each_chunk_size(monkeypatch: pytest.MonkeyPa
     assert "GGML_CUDA_AR_CE_CHUNK_BYTES" not in os.environ
     assert results["ceiling_c256k"]["ratio_to_ceiling"] == [pytest.approx(100.0 / 116.0)]
     assert results["ceiling_c2048k"]["ratio_to_ceiling"] == [pytest.approx(100.0 / 102.0)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not two_gpus, reason="needs a CUDA build and 2 CUDA devices")
+def test_gpu_rig_times_the_reductions_and_the_ceiling() -> None:
+    """The AllReduce rig (libpyllama-so-allreduce-rig, outside the CUDA backend) times reductions through a fresh
+    comm context, every one of them counted on the copy engines when they are forced, and the pinned-copy ceiling."""
+    from pyllama_so import allreduce
+
+    sizes, warmup, iters = [1 << 20, 4 << 20], 1, 4
+    with ar.environ(ar.PATHS["ce"][0]):
+        allreduce.reset_allreduce_stats()
+        us, host_us, queued_us = ar.allreduce_rig.allreduce_bench(sizes, "comm", warmup, iters, (0, 1), host_time=True)
+        stats = allreduce.allreduce_stats()
+    assert len(us) == len(host_us) == len(queued_us) == len(sizes)
+    assert all(t > 0 for t in us) and all(t is not None and t > 0 for t in host_us)
+    per_size = max(1, warmup) + iters + min(iters, 8)  # warm-up, timed, then queued behind the delay kernel
+    assert stats.paths["ce"].calls == per_size * len(sizes) == stats.total_calls
+    ceiling = ar.allreduce_rig.allreduce_bench(sizes, "ceiling", warmup, iters, (0, 1))
+    assert len(ceiling) == len(sizes) and all(t > 0 for t in ceiling)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not two_gpus, reason="needs a CUDA build and 2 CUDA devices")
+def test_gpu_cli_measures_every_path(tmp_path: Path) -> None:
+    """python -m pyllama_so.bench.allreduce end to end on a small size: every path timed, none fell back."""
+    out = tmp_path / "ar.json"
+    assert ar.main(["--sizes", "512K", "--warmup", "1", "--iters", "3", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    for path in ("ceiling", "ce", "internal"):
+        assert "error" not in results[path] and "warning" not in results[path], (path, results[path])
+        assert len(results[path]["us"]) == 1 and results[path]["us"][0] > 0, (path, results[path])

@@ -195,6 +195,66 @@ def test_shipped_libraries_carry_no_test_fixtures() -> None:
     assert b"pyllama_so_arch_count" in fixtures.read_bytes()
 
 
+# what ships is the package's own libraries; beside them, in their own folders, the test harness
+# (pyllama_so/testing) and, in CUDA builds, the AllReduce rig of the benchmark (pyllama_so/bench)
+HARNESS_BINARIES = ("testing/", "bench/libpyllama-so-allreduce-rig", "bench/_allreduce_rig")
+RIG_ENTRIES = (b"pyllama_so_allreduce_run", b"pyllama_so_allreduce_bench")
+
+
+def _product_binaries() -> list[Path]:
+    """Every ELF file (library, extension, executable) the installed package holds outside the harness."""
+    from pyllama_so import _llama
+
+    pkg = Path(_llama.__file__).parent
+    found = []
+    for path in sorted(pkg.rglob("*")):
+        rel = path.relative_to(pkg).as_posix()
+        if path.is_file() and not rel.startswith(HARNESS_BINARIES) and path.read_bytes()[:4] == b"\x7fELF":
+            found.append(path)
+    return found
+
+
+def _names_in(path: Path, names: list[bytes]) -> list[bytes]:
+    data = path.read_bytes()
+    return [n for n in names if n in data]
+
+
+def test_shipped_binaries_carry_no_test_switch() -> None:
+    """The switches that break product code on purpose are the harness's (testing/test-hooks.cpp): no shipped
+    binary names one, nor the AllReduce rig's entries; the product only has its test hooks, which nothing in it
+    answers."""
+    from pyllama_so import testing
+
+    switches = [name.encode() for name in testing.test_switches()]
+    assert set(switches) == {b"GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT", b"GGML_CPU_VIRTUAL_NO_EVENTS",
+                             b"GGML_META_LANES_TEST", b"GGML_CUDA_AR_CE_FAIL_ALLOC"}  # as docs/multi-gpu.md lists them
+    product = _product_binaries()
+    names = {p.name for p in product}
+    assert {"libllama.so", "libggml.so", "libggml-base.so"} <= names and any(n.startswith("_llama.") for n in names)
+    for path in product:
+        assert _names_in(path, switches + list(RIG_ENTRIES)) == [], f"{path.name} carries test-only code"
+    # the same scan finds them where they are: a binary naming one would fail above
+    harness = Path(testing._fixtures.__file__).parent / "libpyllama-so-testing.so"
+    assert _names_in(harness, switches) == switches
+
+
+def test_the_allreduce_rig_is_its_own_library() -> None:
+    """In a CUDA build the benchmark's and tests' AllReduce entries live in libpyllama-so-allreduce-rig, beside
+    their bindings, and nowhere else (see the test above); without CUDA there is no rig and it says so."""
+    from pyllama_so.bench import allreduce_rig
+
+    cuda = "CUDA" in pyllama_so.build_info()["compiled_backends"]
+    assert allreduce_rig.available() == cuda
+    if not cuda:
+        with pytest.raises(pyllama_so.LlamaError, match="needs the CUDA backend"):
+            allreduce_rig.allreduce_bench([1024])
+        return
+    from pyllama_so.bench import _allreduce_rig
+
+    rig = Path(_allreduce_rig.__file__).parent / "libpyllama-so-allreduce-rig.so"
+    assert _names_in(rig, list(RIG_ENTRIES)) == list(RIG_ENTRIES)
+
+
 def test_the_installed_package_runs_from_the_repository_root() -> None:
     # no source folder in the root may hide the installed package (and its compiled modules)
     out = subprocess.run([sys.executable, "-c", "import pyllama_so._llama, pyllama_so.testing; print('ok')"],

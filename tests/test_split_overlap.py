@@ -295,6 +295,32 @@ def test_lanes_stay_off_on_devices_without_events() -> None:
     assert res.stderr.count("no events") == 1  # and nothing else says it again
 
 
+_SWITCH_WITHOUT_HARNESS = textwrap.dedent("""
+    import sys
+    from pyllama_so import _llama
+    if sys.argv[2] == "harness":
+        import pyllama_so.testing  # installs the test-only switches
+    _llama.cpu_virtual_devices(2)
+    model = _llama.Model.load(sys.argv[1], n_gpu_layers=-1, split_mode="tensor")
+    ctx = _llama.Context(model, n_ctx=256, n_ubatch=64, split_overlap=True, n_threads=1)
+    print(ctx.split_overlap_stats()["reason"], "pyllama_so.testing" in sys.modules)
+""")
+
+
+@pytest.mark.parametrize("harness", [False, True], ids=["product-alone", "with-harness"])
+def test_test_switches_act_only_through_the_harness(tiny_model, harness: bool) -> None:
+    """The product never reads the test-only switches: a process that does not import pyllama_so.testing links
+    the lanes although GGML_CPU_VIRTUAL_NO_EVENTS=1 is set; importing the harness makes the same variable
+    keep them off."""
+    env = dict(os.environ, GGML_CPU_VIRTUAL_NO_EVENTS="1")
+    res = subprocess.run([sys.executable, "-c", _SWITCH_WITHOUT_HARNESS, str(tiny_model),
+                          "harness" if harness else "alone"], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    want = "a device has no events True" if harness else "on False"
+    assert res.stdout.strip().splitlines()[-1] == want
+    assert ("TEST ONLY: GGML_CPU_VIRTUAL_NO_EVENTS=1" in res.stderr) == harness
+
+
 # --- on a GPU: two CUDA devices (two GPUs, or GGML_CUDA_DEVICES=2 on one) --------------------------------
 
 @pytest.fixture

@@ -11,9 +11,9 @@
 // are not waited for. Subgraphs without state neither wait nor record. Each lane keeps its own views of
 // the shared buffers, so a rebuild on one lane never invalidates the other lane's graph.
 //
-// Test only: GGML_META_LANES_TEST=nowait (no cross-lane waits) or =same_index (wait only for the other
-// lane's subgraph of the same index) break the ordering on purpose, to show that the tests catch it;
-// read by ggml_backend_meta_share_lanes.
+// The test harness can break the ordering on purpose (no cross-lane waits, or waits for the other lane's
+// subgraph of the same index only), to show that the tests catch it: pyllama-so-test-hooks.h, asked by
+// ggml_backend_meta_share_lanes.
 
 #include "ggml-backend.h"
 

@@ -12,9 +12,9 @@
 //   GGML_CPU_VIRTUAL_COMM=0             no comm context: AllReduce takes the Meta backend's generic path
 //   GGML_CPU_VIRTUAL_POISON=1           new buffers start as 0xff bytes (F32 NaN), as uninitialised device memory
 //                                       may hold anything: a read of memory nothing wrote shows; read per buffer
-//   GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT=1 TEST ONLY: event waits return at once (a deliberate ordering bug,
-//                                       to show that tests catch it); read when a backend is created
-//   GGML_CPU_VIRTUAL_NO_EVENTS=1        TEST ONLY: the devices report no events (what needs them turns off)
+//
+// The test harness can make event waits return at once (a deliberate ordering bug, to show that tests catch
+// it) or the devices report no events (what needs them turns off): pyllama-so-test-hooks.h.
 
 #include "ggml-backend.h"
 

@@ -24,6 +24,23 @@ struct ggml_backend_meta_lane_scope {
     ggml_backend_meta_lane_scope & operator=(const ggml_backend_meta_lane_scope &) = delete;
 };
 
+// A map kept once per lane: each call works on the calling thread's lane's map. The lanes' issue threads
+// query the Meta buffers they share (weights, KV cache) at the same time, but the threads of one lane take
+// turns (the context flushes a lane's issue thread before it works on that lane, see llama-split-overlap.cpp),
+// so a lane's map needs no lock, and a Meta backend without lanes uses the lane 0 map alone, as upstream
+// its one map. Holds the split-state cache of a Meta buffer (patches/0003-*).
+template <typename map_t>
+struct ggml_backend_meta_lane_map {
+    map_t per_lane[GGML_BACKEND_META_MAX_LANES];
+
+    map_t & lane() { return per_lane[ggml_backend_meta_lane_current()]; }
+
+    typename map_t::iterator      find(const typename map_t::key_type & key)       { return lane().find(key); }
+    typename map_t::iterator      end()                                            { return lane().end(); }
+    void                          clear()                                          { lane().clear(); }
+    typename map_t::mapped_type & operator[](const typename map_t::key_type & key) { return lane()[key]; }
+};
+
 // The lane of the first Meta backend in a scheduler's backend list (0 when none is linked).
 int ggml_backend_meta_lanes_sched_lane(ggml_backend_t * backends, int n_backends);
 

@@ -12,6 +12,7 @@
 
 #include "ggml-backend-meta-lanes.h"
 #include "ggml-backend-meta-lanes-impl.h"
+#include "pyllama-so-test-hooks.h"
 
 #include "ggml-backend-impl.h"
 #include "ggml-impl.h"
@@ -39,12 +40,6 @@ int ggml_backend_meta_lane_set(int lane) {
     g_lane_current = lane;
     return prev;
 }
-
-enum lanes_test_mode {
-    LANES_TEST_NONE,
-    LANES_TEST_NOWAIT,     // test only: no cross-lane waits
-    LANES_TEST_SAME_INDEX, // test only: wait only for the other lane's subgraph of the same index
-};
 
 namespace {
 
@@ -143,9 +138,9 @@ struct lane_state {
 } // namespace
 
 struct ggml_backend_meta_lanes {
-    size_t          n_devs  = 0;
-    lanes_test_mode mode    = LANES_TEST_NONE;
-    bool            threads = true; // GGML_META_LANES_THREADS=0: issue on the calling thread
+    size_t                      n_devs  = 0;
+    pyllama_so_test_lanes_order order   = PYLLAMA_SO_TEST_LANES_ORDER_STATE; // another one only from the test harness
+    bool                        threads = true; // GGML_META_LANES_THREADS=0: issue on the calling thread
     lane_state      lane[GGML_BACKEND_META_MAX_LANES];
 
     std::mutex              mutex;   // guards the lane states between the two issue threads
@@ -222,7 +217,7 @@ void ggml_backend_meta_lanes_before_subgraph(ggml_backend_meta_lanes * lanes, in
         lanes->cv.notify_all();
     }
     if (i_subgraph >= self.roots.size() || self.roots[i_subgraph].empty() || other.meta == nullptr ||
-            lanes->mode == LANES_TEST_NOWAIT) {
+            lanes->order == PYLLAMA_SO_TEST_LANES_ORDER_NOWAIT) {
         return;
     }
     if (j_device == 0) {
@@ -244,7 +239,7 @@ void ggml_backend_meta_lanes_before_subgraph(ggml_backend_meta_lanes * lanes, in
         });
     }
     lane_record best = { nullptr, 0 };
-    if (lanes->mode == LANES_TEST_SAME_INDEX) {
+    if (lanes->order == PYLLAMA_SO_TEST_LANES_ORDER_SAME_INDEX) {
         if (i_subgraph < other.events[j_device].size() && other.events[j_device][i_subgraph] != nullptr) {
             best = { other.events[j_device][i_subgraph], other.index_seq[j_device][i_subgraph] };
         }
@@ -410,17 +405,13 @@ bool ggml_backend_meta_share_lanes(ggml_backend_t a, ggml_backend_t b) {
 
     auto * lanes = new ggml_backend_meta_lanes;
     lanes->n_devs = n_devs;
-    const char * test = getenv("GGML_META_LANES_TEST");
-    if (test != nullptr && strcmp(test, "nowait") == 0) {
-        lanes->mode = LANES_TEST_NOWAIT;
-    } else if (test != nullptr && strcmp(test, "same_index") == 0) {
-        lanes->mode = LANES_TEST_SAME_INDEX;
+    switch (pyllama_so_test_hook(PYLLAMA_SO_TEST_HOOK_META_LANES_ORDER)) { // the test harness breaking it on purpose
+        case PYLLAMA_SO_TEST_LANES_ORDER_NOWAIT:     lanes->order = PYLLAMA_SO_TEST_LANES_ORDER_NOWAIT;     break;
+        case PYLLAMA_SO_TEST_LANES_ORDER_SAME_INDEX: lanes->order = PYLLAMA_SO_TEST_LANES_ORDER_SAME_INDEX; break;
+        default:                                     break;
     }
     const char * threads = getenv("GGML_META_LANES_THREADS");
     lanes->threads = threads == nullptr || strcmp(threads, "0") != 0;
-    if (lanes->mode != LANES_TEST_NONE) {
-        GGML_LOG_WARN("%s: TEST ONLY: GGML_META_LANES_TEST=%s breaks the ordering between lanes\n", __func__, test);
-    }
     ggml_backend_t metas[GGML_BACKEND_META_MAX_LANES] = { a, b };
     for (int l = 0; l < GGML_BACKEND_META_MAX_LANES; l++) {
         lane_state & ls = lanes->lane[l];

@@ -8,6 +8,7 @@
 #include "ggml-backend-impl.h"
 #include "ggml-cpu.h"
 #include "ggml-impl.h"
+#include "pyllama-so-test-hooks.h"
 
 #include <unistd.h>
 
@@ -63,7 +64,7 @@ struct ggml_cpu_virtual_stream {
     std::deque<std::function<void()>> tasks;
     bool                              busy = false;
     bool                              stop = false;
-    const bool                        broken_wait; // GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT: its event waits do not wait
+    const bool                        broken_wait; // its event waits do not wait: only the test harness asks for it
     std::thread                       worker;
 
     explicit ggml_cpu_virtual_stream(bool broken_wait) : broken_wait(broken_wait), worker([this] { run(); }) {}
@@ -147,7 +148,7 @@ struct ggml_cpu_virtual_event : std::enable_shared_from_this<ggml_cpu_virtual_ev
     // make the stream wait for the last record made before this call
     void wait_on(ggml_cpu_virtual_stream & stream) {
         if (stream.broken_wait) {
-            return; // the deliberate bug
+            return; // the bug the test harness asked for
         }
         uint64_t target;
         {
@@ -455,11 +456,8 @@ static ggml_backend_t ggml_cpu_virtual_device_init_backend(ggml_backend_dev_t de
     auto * ctx        = new ggml_cpu_virtual_backend_context;
     ctx->cpu          = cpu;
     ctx->delay_us     = ggml_cpu_virtual_delay_selected(dev_ctx->index) ? env_int("GGML_CPU_VIRTUAL_DELAY_US", 0) : 0;
-    ctx->stream       = std::make_unique<ggml_cpu_virtual_stream>(env_int("GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT", 0) != 0);
-    if (ctx->stream->broken_wait) {
-        GGML_LOG_WARN("%s: GGML_CPU_VIRTUAL_BREAK_EVENT_WAIT is set: event waits on %s do not wait (test only)\n",
-                __func__, dev_ctx->name.c_str());
-    }
+    ctx->stream       = std::make_unique<ggml_cpu_virtual_stream>(
+        pyllama_so_test_hook(PYLLAMA_SO_TEST_HOOK_CPU_VIRTUAL_BREAK_EVENT_WAIT) != 0);
 
     return new ggml_backend {
         /* .guid    = */ ggml_cpu_virtual_guid(),
@@ -509,7 +507,7 @@ static void ggml_cpu_virtual_device_get_props(ggml_backend_dev_t dev, ggml_backe
         /* .async                = */ true,
         /* .host_buffer          = */ false,
         /* .buffer_from_host_ptr = */ false,
-        /* .events               = */ env_int("GGML_CPU_VIRTUAL_NO_EVENTS", 0) == 0, // test only: a device without events
+        /* .events               = */ pyllama_so_test_hook(PYLLAMA_SO_TEST_HOOK_CPU_VIRTUAL_NO_EVENTS) == 0,
         /* .mmap_support         = */ false,
     };
 }

@@ -14,6 +14,7 @@
 
 #include "allreduce-ce.cuh"
 #include "pyllama-so-allreduce.h"
+#include "pyllama-so-test-hooks.h"
 
 #include "ggml-backend.h"
 #include "ggml-impl.h"
@@ -118,11 +119,6 @@ static size_t ggml_cuda_ce_env_min_bytes() {
     return (size_t) v.value;
 }
 
-static bool ggml_cuda_ce_env_fail_alloc() {
-    const char * v = getenv("GGML_CUDA_AR_CE_FAIL_ALLOC");
-    return v != nullptr && v[0] != '\0' && strcmp(v, "0") != 0;
-}
-
 // GGML_CUDA_AR_CE_CHUNK_BYTES: bytes per copy, a power of two from 64 KiB to the slot size (4 MiB);
 // 0 (unset): automatic, see ggml_cuda_ce_chunk_bytes.
 size_t ggml_cuda_ce_env_chunk_bytes() {
@@ -194,7 +190,7 @@ struct ggml_cuda_ce_router {
 
     bool   ce_enabled  = false; // large F32 reductions go to the copy engines
     size_t min_bytes   = GGML_CUDA_CE_MIN_BYTES_DEFAULT;
-    bool   fail_alloc  = false;
+    bool   fail_alloc  = false; // the buffer allocation fails: only the test harness asks for it
     size_t chunk_bytes = 0;     // GGML_CUDA_AR_CE_CHUNK_BYTES; 0: automatic
 
     ggml_cuda_ce_state  state = GGML_CUDA_CE_STATE_UNALLOCATED;
@@ -334,7 +330,7 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
         g_ce_alloc_failures.fetch_add(1, std::memory_order_relaxed);
         GGML_LOG_WARN("%s: copy-engine AllReduce disabled for devices %d,%d: buffer allocation failed (%s%s); "
                       "large reductions go to %s\n", __func__, r->dev_ids[0], r->dev_ids[1], cudaGetErrorString(err),
-                      r->fail_alloc ? ", GGML_CUDA_AR_CE_FAIL_ALLOC" : "",
+                      r->fail_alloc ? ", failed on purpose by the test harness" : "",
                       r->paths.nccl ? "NCCL" : "the internal pipeline");
         return false;
     }
@@ -550,7 +546,7 @@ ggml_cuda_ce_router * ggml_cuda_ce_router_init(
         r->dev_ids[i]  = dev_ids[i];
     }
     r->min_bytes  = ggml_cuda_ce_env_min_bytes();
-    r->fail_alloc = ggml_cuda_ce_env_fail_alloc();
+    r->fail_alloc = pyllama_so_test_hook(PYLLAMA_SO_TEST_HOOK_CUDA_AR_CE_FAIL_ALLOC) != 0;
     r->chunk_bytes = ggml_cuda_ce_env_chunk_bytes();
 
     const int mode = ggml_cuda_ce_env_mode();
@@ -678,12 +674,6 @@ void * ggml_cuda_ce_proc_address(const char * name) {
     }
     if (strcmp(name, PYLLAMA_SO_AR_STATS_RESET_NAME) == 0) {
         return (void *) ggml_cuda_ce_stats_reset;
-    }
-    if (strcmp(name, PYLLAMA_SO_AR_RUN_NAME) == 0) {
-        return (void *) ggml_cuda_ce_run;
-    }
-    if (strcmp(name, PYLLAMA_SO_AR_BENCH_NAME) == 0) {
-        return (void *) ggml_cuda_ce_bench;
     }
     return nullptr;
 }

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from pyllama_so import _llama
 from pyllama_so import args as A
 from pyllama_so.allreduce import ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES, environ
+from pyllama_so.bench import allreduce_rig
 
 DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 EXIT_SKIPPED = 3  # nothing measured: a CPU build or fewer than two CUDA devices
@@ -86,8 +87,8 @@ def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices:
     with environ(env):
         _llama.allreduce_stats_reset()
         try:
-            us, host_us, queued_us = _llama.allreduce_bench([2 * s for s in sizes], "comm", warmup, iters,
-                                                            tuple(devices), host_time=True)
+            us, host_us, queued_us = allreduce_rig.allreduce_bench([2 * s for s in sizes], "comm", warmup, iters,
+                                                                   tuple(devices), host_time=True)
         except _llama.LlamaError as e:
             return {"error": str(e)}
         stats = _llama.allreduce_stats()["paths"]
@@ -103,7 +104,7 @@ def time_ceiling(sizes: Sequence[int], warmup: int, iters: int, devices: Sequenc
     """The pinned-copy ceiling; with chunk_bytes, the same traffic issued as copies of that size."""
     with environ({ENV_CE_CHUNK_BYTES: None if chunk_bytes is None else str(chunk_bytes)}):
         try:
-            return {"us": _llama.allreduce_bench(list(sizes), "ceiling", warmup, iters, tuple(devices))}
+            return {"us": allreduce_rig.allreduce_bench(list(sizes), "ceiling", warmup, iters, tuple(devices))}
         except _llama.LlamaError as e:
             return {"error": str(e)}
 
@@ -128,7 +129,7 @@ def cuda_devices() -> list[dict[str, object]]:
 
 def two_cuda_gpus() -> bool:
     """What the benchmark (and the GPU tests of the AllReduce paths) need: CUDA and two devices."""
-    return bool(_llama.allreduce_available()) and len(cuda_devices()) >= 2
+    return allreduce_rig.available() and len(cuda_devices()) >= 2
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:

@@ -2,7 +2,9 @@
 
 Shipped so that the suites (tests/, `python -m pyllama_so.archs`) run against an installed package;
 not part of the inference API. The native fixtures live in libpyllama-so-testing, beside this module,
-never in libllama or libggml.
+never in libllama or libggml. Importing this package also installs the test-only switches
+(`test_switches()`, docs/multi-gpu.md) into the product: from then on, in this process, those variables
+break product code on purpose; without this package they do nothing.
 """
 
 from pyllama_so.testing._fixtures import (
@@ -19,6 +21,7 @@ from pyllama_so.testing._fixtures import (
     kv_cell_bytes,
     lane_race,
     random_model,
+    test_switches,
     weight_split,
 )
 
@@ -36,5 +39,6 @@ __all__ = [
     "kv_cell_bytes",
     "lane_race",
     "random_model",
+    "test_switches",
     "weight_split",
 ]

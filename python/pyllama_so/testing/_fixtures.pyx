@@ -21,6 +21,23 @@ _WEIGHT_TYPES = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16, "bf16": GGML_TYPE_B
 
 
 # ---------------------------------------------------------------------------------------------
+# test-only switches (testing/test-hooks.h): answered for the product from now on, in this process
+
+cdef extern from "test-hooks.h" nogil:
+    void pyllama_so_testing_install_test_hooks()
+    const char * const * pyllama_so_testing_test_switches(int * n)
+
+pyllama_so_testing_install_test_hooks()
+
+
+def test_switches():
+    """The environment variables that break product code on purpose (docs/multi-gpu.md), read by this harness."""
+    cdef int n = 0
+    cdef const char * const * names = pyllama_so_testing_test_switches(&n)
+    return tuple(names[i].decode() for i in range(n))
+
+
+# ---------------------------------------------------------------------------------------------
 # random weights
 
 cdef struct _RandomInit:

@@ -1,9 +1,10 @@
-// pyllama_so: test and benchmark entries of the copy-engine AllReduce (allreduce-ce.cu): reductions
-// of host data on two CUDA backends through a fresh comm context, without a model, and the
-// pinned-copy ceiling. Reached from Python through ggml_cuda_ce_proc_address (pyllama-so-allreduce.h).
+// pyllama_so test harness: test and benchmark entries of the copy-engine AllReduce (ggml/src/ggml-cuda/
+// allreduce-ce.cu): reductions of host data on two CUDA backends through a fresh comm context, without a
+// model, and the pinned-copy ceiling (allreduce-rig.h). Its own library, pyllama-so-allreduce-rig, linked
+// against ggml-cuda; reached from Python through pyllama_so.bench.allreduce_rig.
 
 #include "allreduce-ce.cuh"
-#include "pyllama-so-allreduce.h"
+#include "allreduce-rig.h"
 
 #include "ggml-backend.h"
 #include "ggml-cuda.h"
@@ -143,7 +144,7 @@ struct ggml_cuda_ce_rig {
 
 } // namespace
 
-int ggml_cuda_ce_run(const pyllama_so_allreduce_run_params * p) {
+int pyllama_so_allreduce_run(const pyllama_so_allreduce_run_params * p) {
     if (p == nullptr || p->size != sizeof(*p) || p->n < 0 || p->n_iter < 1 || p->n_alt < 0 || p->n_alt > p->n ||
         p->input[0] == nullptr || p->input[1] == nullptr || p->output[0] == nullptr || p->output[1] == nullptr) {
         return PYLLAMA_SO_AR_EINVAL;
@@ -332,7 +333,7 @@ static double ggml_cuda_ce_bench_queued(ggml_cuda_ce_rig & rig, const int32_t * 
     return host_us < delay_us ? worst * 1000.0 / n : std::nan("");
 }
 
-int ggml_cuda_ce_bench(const pyllama_so_allreduce_bench_params * p) {
+int pyllama_so_allreduce_bench(const pyllama_so_allreduce_bench_params * p) {
     if (p == nullptr || p->size != sizeof(*p) || p->n_sizes < 1 || p->n_bytes == nullptr || p->us_per_iter == nullptr ||
         p->n_warmup < 0 || p->n_iter < 1 ||
         (p->mode != PYLLAMA_SO_AR_BENCH_COMM && p->mode != PYLLAMA_SO_AR_BENCH_CEILING)) {
@@ -425,11 +426,11 @@ int ggml_cuda_ce_bench(const pyllama_so_allreduce_bench_params * p) {
 
 #else // !GGML_CUDA_CE_SUPPORTED
 
-int ggml_cuda_ce_run(const pyllama_so_allreduce_run_params *) {
+int pyllama_so_allreduce_run(const pyllama_so_allreduce_run_params *) {
     return PYLLAMA_SO_AR_EUNSUPPORTED;
 }
 
-int ggml_cuda_ce_bench(const pyllama_so_allreduce_bench_params *) {
+int pyllama_so_allreduce_bench(const pyllama_so_allreduce_bench_params *) {
     return PYLLAMA_SO_AR_EUNSUPPORTED;
 }
 
