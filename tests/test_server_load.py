@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from pyllama_so.server.app import FINGERPRINT
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 SCRIPT = SCRIPTS / "server-load"
 # 3 slots of 512 tokens: the mixed scenario's two streams and a long prompt
@@ -72,7 +74,8 @@ def test_load_and_mixed_against_our_server(tiny_model: Path, tmp_path: Path) -> 
     assert {"date", "commit", "hardware", "args", "servers", "runs"} <= report.keys()
     server, = report["servers"]
     assert server["name"] == "ours" and server["command"][1:3] == ["-m", "pyllama_so.server"]
-    assert server["info"] == {"n_vocab": 512, "n_slots": 3, "n_ctx_slot": 512}
+    # the build from /props' build_info, as for llama-server
+    assert server["info"] == {"n_vocab": 512, "n_slots": 3, "n_ctx_slot": 512, "build": FINGERPRINT}
     assert [(r["scenario"], r["concurrency"]) for r in report["runs"]] == [
         ("load", 1), ("mixed", 1), ("load", 2), ("mixed", 2)]
     for r in report["runs"]:

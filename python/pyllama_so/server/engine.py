@@ -5,7 +5,8 @@ generating slot and pieces of the prompts of prefilling slots: while any slot ge
 n_ubatch prompt tokens (so a long prompt delays the running generations by about one ubatch per
 token, not by its whole prefill), otherwise up to n_batch, whose ubatches split overlap alternates
 between its lanes. A slot keeps the tokens of its last request in its part of the KV cache; a request
-goes to the free slot holding the longest prefix of its prompt, and only the rest is evaluated.
+goes to the free slot holding the longest prefix of its prompt (or to the one it names, id_slot, once
+that is free), and only the rest is evaluated.
 
 Who may touch what (llama-server's split of a task queue from its results):
 - The engine thread owns the Context, the Slots and their Samplers and the step counters: only it
