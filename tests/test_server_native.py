@@ -298,6 +298,14 @@ def test_aliases(server: Server) -> None:
     assert httpx.get(f"{server.url}/v1/health").json() == {"status": "ok"}
 
 
+def test_a_body_is_json_whatever_its_content_type(server: Server) -> None:
+    """As llama-server: `curl -d` sends application/x-www-form-urlencoded."""
+    body = json.dumps({"prompt": PROMPT, "n_predict": 2})
+    for kind in ("application/x-www-form-urlencoded", "text/plain", None):
+        r = httpx.post(f"{server.url}/completion", content=body, headers={"Content-Type": kind} if kind else {})
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 2, (kind, r.text)
+
+
 # -- errors --
 
 @pytest.mark.parametrize("path, body", [

@@ -73,6 +73,22 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class JsonBodyMiddleware:
+    """llama-server reads every request body as JSON, whatever its Content-Type (`curl -d` sends
+    application/x-www-form-urlencoded): a POST without a JSON Content-Type gets one, so FastAPI parses it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            kind = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip().lower()
+            if not (kind == b"application/json" or kind.endswith(b"+json")):
+                headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
 def _usage(done: Done) -> dict[str, Any]:
     u = done.usage
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
@@ -100,6 +116,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
     native.install(app, engine, model_id=model_id, defaults=defaults, stream_grace=stream_grace)
     status.install(app, engine, model_id=model_id, chat=chat, defaults=defaults, build_info=FINGERPRINT,
                    slots_endpoint=slots_endpoint, metrics_endpoint=metrics_endpoint)
+    app.add_middleware(JsonBodyMiddleware)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, key=api_key)
     app.add_middleware(CORSMiddleware, **cors_options(cors_origins))  # outermost: a preflight needs no key
