@@ -62,7 +62,8 @@ class Server(ServerProcess):
                           headers=headers, timeout=timeout)
 
     def slots(self) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/slots", headers={"Authorization": f"Bearer {self.api_key}"}).json()
+        """The engine's snapshot (GET /engine: slots, queue, step counters, split overlap)."""
+        return httpx.get(f"{self.url}/engine", headers={"Authorization": f"Bearer {self.api_key}"}).json()
 
 
 @pytest.fixture(scope="module")
@@ -520,10 +521,13 @@ def test_default_model_is_the_synthetic_one(keyed: Server) -> None:
 @pytest.mark.parametrize("key", [None, "wrong", "s3cret2"])
 def test_wrong_api_key_is_401(keyed: Server, key: str | None) -> None:
     headers = {} if key is None else {"Authorization": f"Bearer {key}"}
-    for method, path in [("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/slots")]:
+    for method, path in [("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/engine"), ("GET", "/slots")]:
         r = httpx.request(method, f"{keyed.url}{path}", headers=headers, json={"prompt": "Hi", "max_tokens": 1})
         assert r.status_code == 401, (path, r.text)
-        assert r.json()["error"]["code"] == "invalid_api_key"
+        if path == "/slots":  # llama-server's route: its error shape
+            assert r.json()["error"] == {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}
+        else:
+            assert r.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(f"{keyed.url}/health").status_code == 200  # public
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{keyed.url}/v1", api_key=key or "x", max_retries=0).models.list()

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from pyllama_so.server.app import FINGERPRINT
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 SCRIPT = SCRIPTS / "server-load"
 # 3 slots of 512 tokens: the mixed scenario's two streams and a long prompt
@@ -72,11 +74,12 @@ def test_load_and_mixed_against_our_server(tiny_model: Path, tmp_path: Path) -> 
     assert {"date", "commit", "hardware", "args", "servers", "runs"} <= report.keys()
     server, = report["servers"]
     assert server["name"] == "ours" and server["command"][1:3] == ["-m", "pyllama_so.server"]
-    assert server["info"] == {"n_vocab": 512, "n_slots": 3, "n_ctx_slot": 512}
+    # the build from /props' build_info, as for llama-server
+    assert server["info"] == {"n_vocab": 512, "n_slots": 3, "n_ctx_slot": 512, "build": FINGERPRINT}
     assert [(r["scenario"], r["concurrency"]) for r in report["runs"]] == [
         ("load", 1), ("mixed", 1), ("load", 2), ("mixed", 2)]
     for r in report["runs"]:
-        # our engine's steps of the run, from /slots: at least one per generated token of a stream
+        # our engine's steps of the run, from /engine: at least one per generated token of a stream
         assert r["engine_steps"]["steps"] >= 12 and r["engine_steps"]["host_ms_mean"] > 0
         if r["scenario"] == "load":
             check_load_run(r, r["concurrency"], 3, 24, 12)

@@ -150,7 +150,7 @@ def test_a_second_signal_ends_requests_at_once(tiny_model: Path) -> None:
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(httpx.post, f"{server.url}/v1/completions", json={"prompt": "Hi"}, timeout=60)
             deadline = time.monotonic() + 30
-            while httpx.get(f"{server.url}/slots").json()["queue"]["waiting"] != 1:
+            while httpx.get(f"{server.url}/engine").json()["queue"]["waiting"] != 1:
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
             server.proc.send_signal(signal.SIGINT)

@@ -322,6 +322,16 @@ cdef class Model:
         return llama_vocab_nl(self.vocab)
 
     @property
+    def fim_tokens(self):
+        """The vocabulary's fill-in-the-middle tokens, {"pre", "suf", "mid", "pad", "rep", "sep"} -> id, or
+        None where the vocabulary has none (LLAMA_TOKEN_NULL)."""
+        self._check_open()
+        ids = {"pre": llama_vocab_fim_pre(self.vocab), "suf": llama_vocab_fim_suf(self.vocab),
+               "mid": llama_vocab_fim_mid(self.vocab), "pad": llama_vocab_fim_pad(self.vocab),
+               "rep": llama_vocab_fim_rep(self.vocab), "sep": llama_vocab_fim_sep(self.vocab)}
+        return {k: (None if v < 0 else v) for k, v in ids.items()}
+
+    @property
     def add_bos(self):
         self._check_open()
         return llama_vocab_get_add_bos(self.vocab)

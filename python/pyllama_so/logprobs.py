@@ -33,12 +33,14 @@ class StoppingCriteriaList(list):  # type: ignore[type-arg]
 @dataclass(frozen=True)
 class TokenLogprob:
     """One generated token: its text, offset in prompt + completion, log-probability and the top
-    alternatives as (text, logprob), best first."""
+    alternatives as (text, logprob), best first; token and top_tokens are their ids."""
 
     text: str
     offset: int
     logprob: float | None
     top: tuple[tuple[str, float], ...]
+    token: int = -1
+    top_tokens: tuple[int, ...] = ()
 
 
 class LogprobRows:
@@ -55,7 +57,8 @@ class LogprobRows:
         assert logprobs is not None
         lp, top = logprobs
         text = self._piece(token)
-        self._rows.append(TokenLogprob(text, self._offset, lp, tuple((self._piece(i), v) for i, v in top)))
+        self._rows.append(TokenLogprob(text, self._offset, lp, tuple((self._piece(i), v) for i, v in top), token,
+                                       tuple(i for i, _ in top)))
         self._offset += len(text)
 
     def take(self, sent: int, final: bool = False) -> list[TokenLogprob]:

@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -244,9 +245,11 @@ def _check_names(shape_name: str, weight_type: str) -> None:
 
 
 def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "f16", *, seed: int = 0,
-                quiet: bool = False, chat_template: str | None = None) -> Path:
+                quiet: bool = False, chat_template: str | None = None,
+                extra_metadata: Mapping[str, object] | None = None) -> Path:
     """Write a synthetic model; return its path. chat_template: a Jinja text written as the model's
-    tokenizer.chat_template (default: none, so chat falls back to llama.cpp's chatml).
+    tokenizer.chat_template (default: none, so chat falls back to llama.cpp's chatml); extra_metadata: more
+    GGUF keys (e.g. tokenizer.ggml.fim_pre_token_id), over the generated ones.
 
     A quantized type is written as F16 to a temporary file next to path first (so that folder needs
     room for both), which is removed afterwards, also on failure or Ctrl-C. llama_model_quantize has
@@ -256,12 +259,12 @@ def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if weight_type in DIRECT_TYPES:
-        _write_direct(path, shape_name, weight_type, seed, quiet, path.name, chat_template)
+        _write_direct(path, shape_name, weight_type, seed, quiet, path.name, chat_template, extra_metadata)
         return path
     f16 = path.with_name(f"{path.name}.f16-{os.getpid()}.tmp")
     part = path.with_name(f"{path.name}.{os.getpid()}.part")  # never a half-quantized file under the final name
     try:
-        _write_direct(f16, shape_name, "f16", seed, quiet, f"{path.name}: f16", chat_template)
+        _write_direct(f16, shape_name, "f16", seed, quiet, f"{path.name}: f16", chat_template, extra_metadata)
         if not quiet:
             print(f"synth: {path.name}: quantizing to {weight_type} with llama.cpp", file=sys.stderr, flush=True)
         t0 = time.monotonic()
@@ -278,7 +281,7 @@ def write_model(path: Path | str, shape_name: str = "tiny", weight_type: str = "
 
 
 def _write_direct(path: Path, shape_name: str, weight_type: str, seed: int, quiet: bool, label: str,
-                  chat_template: str | None = None) -> None:
+                  chat_template: str | None = None, extra_metadata: Mapping[str, object] | None = None) -> None:
     shape = SHAPES[shape_name]
     specs = tensors(shape, weight_type)
     pool = _RandomPool(seed)
@@ -297,6 +300,7 @@ def _write_direct(path: Path, shape_name: str, weight_type: str, seed: int, quie
         meta = metadata(shape, weight_type, shape_name)
         if chat_template is not None:
             meta["tokenizer.chat_template"] = chat_template
+        meta.update(extra_metadata or {})
         write_gguf(path, meta, specs, pool.write, progress)
     except BaseException:
         if last[0] and tty:

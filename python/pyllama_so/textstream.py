@@ -32,6 +32,7 @@ class TextStream:
         self.stops = [s for s in stops if s]  # "" would stop at once
         self.tokens: list[int] = []
         self.stopped = False  # a stop string was found: push() must not be called again
+        self.stop_word = ""  # the stop string found ("" until then)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._fed = 0  # bytes of the detokenized output given to the decoder
         self._text = ""
@@ -44,9 +45,10 @@ class TextStream:
             raise RuntimeError("the text already ended at a stop string")
         self.tokens.append(token)
         self._text += self._decoder.decode(self._new_bytes())
-        hits = [i for i in (self._text.find(s, self._sent) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops for i in [self._text.find(s, self._sent)] if i >= 0]
         if hits:
-            self._text, self.stopped = self._text[: min(hits)], True
+            at, self.stop_word = min(hits, key=lambda hit: hit[0])  # the first one, the earliest listed at a tie
+            self._text, self.stopped = self._text[:at], True
         ready = len(self._text) if self.stopped else len(self._text) - self._hold
         if ready <= self._sent:
             return ""

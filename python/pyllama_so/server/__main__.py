@@ -22,6 +22,8 @@ from types import FrameType
 from pyllama_so import _llama
 from pyllama_so import args as A
 from pyllama_so.config import ContextParams, ModelParams, create_context, load_model
+from pyllama_so.server.cors import cors_options
+from pyllama_so.server.settings import ServerDefaults
 from pyllama_so.synth import SHAPES, cached_model
 
 EXTRA = 'pip install "pyllama_so[server]"'
@@ -44,7 +46,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=A.tcp_port(0), default=A.env_default("PORT", "8080"),
                     help="0: any free port, logged at start (env LLAMA_ARG_PORT; default 8080)")
     ap.add_argument("--api-key", default=os.environ.get("LLAMA_API_KEY") or None, metavar="KEY",
-                    help="require 'Authorization: Bearer KEY' everywhere but /health (env LLAMA_API_KEY)")
+                    help="require the key, as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY', everywhere but "
+                    "/health (env LLAMA_API_KEY)")
     ap.add_argument("-a", "--alias", default=A.env_default("ALIAS", "") or None, metavar="NAME",
                     help="the model's id in responses and /v1/models (default: the file name; env LLAMA_ARG_ALIAS)")
     ap.add_argument("--chat-template", default=A.env_default("CHAT_TEMPLATE", "") or None, metavar="NAME|TEXT",
@@ -70,13 +73,47 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--embd-normalize", type=int, default=2, metavar="N",
                     help="normalisation of pooled embeddings: -1 none, 0 max absolute (int16), 1 taxicab, "
                     "2 Euclidean, >2 p-norm (default 2)")
+    ap.add_argument("--temp", "--temperature", dest="temperature", type=float,
+                    default=os.environ.get("LLAMA_ARG_TEMPERATURE"), metavar="N",
+                    help="the temperature of a request that gives none (default: 0.8; env LLAMA_ARG_TEMPERATURE)")
+    ap.add_argument("-s", "--seed", type=int, default=None, metavar="SEED",
+                    help="the seed of a request that gives none; -1: a random one per request (default)")
+    ap.add_argument("-n", "--predict", "--n-predict", dest="n_predict", type=int,
+                    default=os.environ.get("LLAMA_ARG_N_PREDICT"), metavar="N",
+                    help="the tokens to generate for a request that does not say: -1 until the end of its slot; "
+                    "default: each endpoint's own (/v1/completions 16, the others -1) (env LLAMA_ARG_N_PREDICT)")
+    ap.add_argument("--metrics", action="store_true", default=_env_flag("ENDPOINT_METRICS"),
+                    help="serve Prometheus metrics at /metrics (env LLAMA_ARG_ENDPOINT_METRICS)")
+    ap.add_argument("--slots", "--no-slots", dest="slots", action=_OnOff, default=_env_flag("ENDPOINT_SLOTS", True),
+                    help="serve /slots and /engine (default: on; env LLAMA_ARG_ENDPOINT_SLOTS)")
+    ap.add_argument("--cors-origins", default=A.env_default("CORS_ORIGINS", "*"), metavar="ORIGINS",
+                    help="origins a browser page may call the server from: '*' any (the Origin is echoed back, "
+                    "credentials allowed), 'localhost' local pages only, or a comma-separated list "
+                    "(default: '*', as llama-server; env LLAMA_ARG_CORS_ORIGINS)")
     ap.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     return ap
 
 
+class _OnOff(argparse.Action):
+    """--name turns it on, --no-name off (llama.cpp's paired flags)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kw)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
+
+
+def _env_flag(name: str, default: bool = False) -> bool:
+    """A boolean LLAMA_ARG_<name>, as llama.cpp reads one (true/1/on/enabled, false/0/off/disabled)."""
+    value = A.env_default(name, "").strip().lower()
+    return default if not value else value in ("1", "true", "on", "enabled")
+
+
 def missing_extra() -> str | None:
     """The first package of the server extra that is not installed, or None."""
-    for module in ("fastapi", "uvicorn", "sse_starlette"):
+    for module in ("fastapi", "uvicorn", "sse_starlette", "prometheus_client"):
         try:
             importlib.import_module(module)
         except ImportError:
@@ -117,6 +154,8 @@ def _main(argv: list[str] | None) -> int:
         params = A.tool_config(ns, n_ctx=ns.ctx_size, n_seq_max=ns.parallel)
         if ns.chat_template and ns.chat_template_file:
             raise ValueError("give --chat-template or --chat-template-file, not both")
+        defaults = ServerDefaults(temperature=ns.temperature, seed=ns.seed, n_predict=ns.n_predict)
+        cors_options(ns.cors_origins)
     except ValueError as e:
         A.exit_on_flag_error(ap, e)
         print(f"server: error: {e}", file=sys.stderr)
@@ -137,7 +176,7 @@ def _main(argv: list[str] | None) -> int:
         if not path.is_file():
             print(f"server: model file not found: {path}", file=sys.stderr)
             return 1
-        return serve(ns, path, sock, *params)
+        return serve(ns, path, sock, *params, defaults)
     except (_llama.LlamaError, ValueError, OSError, ImportError) as e:
         print(f"server: error: {e}", file=sys.stderr)
         return 1
@@ -146,7 +185,7 @@ def _main(argv: list[str] | None) -> int:
 
 
 def serve(ns: argparse.Namespace, path: Path, sock: socket.socket, model_params: ModelParams,
-          context_params: ContextParams) -> int:
+          context_params: ContextParams, defaults: ServerDefaults) -> int:
     import uvicorn
 
     from pyllama_so.server import chat
@@ -187,7 +226,8 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket, model_params:
         meta = {"path": str(path), "desc": model.desc, "n_params": model.n_params, "size": model.size,
                 "split_mode": ns.split_mode, "split_overlap": ns.split_overlap}
         app = create_app(engine, model_id=model_id, chat=template, api_key=ns.api_key, model_meta=meta,
-                         shutdown_grace=ns.shutdown_grace, embeddings=embedder)
+                         shutdown_grace=ns.shutdown_grace, embeddings=embedder, defaults=defaults,
+                         slots_endpoint=ns.slots, metrics_endpoint=ns.metrics, cors_origins=ns.cors_origins)
         host, bound = sock.getsockname()[:2]
         engine.start()
         try:

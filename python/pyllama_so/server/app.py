@@ -1,16 +1,14 @@
-"""The HTTP side: OpenAI's completion and chat endpoints, /v1/models, /health, /slots and llama-server's
-/apply-template over an Engine.
+"""The HTTP side over an Engine: OpenAI's completion and chat endpoints and /v1/models (chat and models also
+under llama-server's aliases /chat/completions and /models), /health, llama-server's /apply-template, the
+native and status routes of native.py and status.py, and the API key and CORS middleware.
 
-Handlers tokenize, submit a Job and turn its events into OpenAI's response objects, streamed as
-server-sent events with `stream: true`. The engine's thread hands events to the event loop through an
-asyncio queue per request. A client that goes away cancels its job: a stream when sse-starlette sees the
-disconnect, a non-streamed request when the poll of Request.is_disconnected() does (every
-DISCONNECT_POLL_S seconds).
+Handlers tokenize, submit a Job (jobs.py) and turn its events into OpenAI's response objects, streamed as
+server-sent events with `stream: true`. Errors have OpenAI's shape on the OpenAI routes and llama-server's
+on its native ones (errors.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import time
@@ -19,155 +17,76 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
+from starlette.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pyllama_so import __version__, _llama
+from pyllama_so import __version__
 from pyllama_so._build_info import UPSTREAM_COMMIT
-from pyllama_so.grammar import GrammarError
+from pyllama_so.llama import max_tokens_limit
 from pyllama_so.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
-from pyllama_so.server import errors
 from pyllama_so.server import embeddings as embedding_routes
+from pyllama_so.server import errors, native, status
 from pyllama_so.server.chat import ChatTemplate
-from pyllama_so.server.engine import (SHUTTING_DOWN, Delta, Done, Engine, EngineStopped, Event, Failed, Job,
-                                      PromptError, QueueFull)
+from pyllama_so.server.cors import cors_options
+from pyllama_so.server.engine import SHUTTING_DOWN, Delta, Done, Engine
 from pyllama_so.server.errors import ApiError
+from pyllama_so.server.jobs import Run, failure, make_job, request_grammar
+from pyllama_so.server.prompts import checked_ids
 from pyllama_so.server.schemas import ChatRequest, ChatTemplateRequest, CompletionRequest, GenerationRequest
+from pyllama_so.server.settings import ServerDefaults
 
-PUBLIC_PATHS = frozenset({"/health"})  # answered without the API key
-# OpenAI's system_fingerprint: this build (the package and the upstream commit it is built on)
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # answered without the API key
+# llama-server's own routes: their errors have its shape
+NATIVE_PATHS = native.PATHS | status.PATHS | {"/apply-template", "/embedding", "/embeddings"}
+# OpenAI's system_fingerprint and /props' build_info: this build (the package and its upstream commit)
 FINGERPRINT = f"pyllama_so-{__version__}-{UPSTREAM_COMMIT[:9]}"
-DISCONNECT_POLL_S = 0.25
 # a stream outlives the engine's grace period by this much, so that its last chunk and [DONE] get out
 STREAM_GRACE_MARGIN_S = 1.5
 
 
 class ApiKeyMiddleware:
-    """401 for a request without `Authorization: Bearer <key>` (pure ASGI, so streams pass untouched)."""
+    """401 for a request without the key, given as `Authorization: Bearer <key>` or `X-Api-Key: <key>` (as
+    llama-server takes it); pure ASGI, so streams pass untouched."""
 
     def __init__(self, app: ASGIApp, key: str) -> None:
         self.app, self.key = app, key.encode()
 
+    def _valid(self, headers: dict[bytes, bytes]) -> bool:
+        scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.key):
+            return True
+        return hmac.compare_digest(headers.get(b"x-api-key", b"").strip(), self.key)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
-            auth = dict(scope["headers"]).get(b"authorization", b"")
-            scheme, _, given = auth.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
+        if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS and not self._valid(dict(scope["headers"])):
+            if scope["path"] in NATIVE_PATHS:
+                response = JSONResponse({"error": {"code": 401, "message": "Invalid API Key",
+                                                   "type": "authentication_error"}}, status_code=401)
+            else:
                 response = errors.error_response(401, "invalid API key", code="invalid_api_key")
-                await response(scope, receive, send)
-                return
+            await response(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
 
-class Run:
-    """A job submitted from the event loop; its events arrive through an asyncio queue."""
+class JsonBodyMiddleware:
+    """llama-server reads every request body as JSON, whatever its Content-Type (`curl -d` sends
+    application/x-www-form-urlencoded): a POST without a JSON Content-Type gets one, so FastAPI parses it."""
 
-    def __init__(self, engine: Engine, body: GenerationRequest, prompt: list[int], max_tokens: int | None,
-                 prompt_param: str, job_id: str, grammar: str | None = None, extra_stops: Sequence[str] = ()) -> None:
-        loop = asyncio.get_running_loop()
-        self.engine = engine
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
 
-        def emit(event: Event) -> None:  # on the engine's thread
-            loop.call_soon_threadsafe(self.events.put_nowait, event)
-
-        self.job = _job(engine, body, prompt, emit, max_tokens, job_id, grammar, extra_stops)
-        self.ended = False
-        try:
-            engine.submit(self.job)
-        except QueueFull as e:
-            raise ApiError(503, f"the server is busy: {e}; retry later", code="queue_full") from None
-        except EngineStopped as e:
-            raise ApiError(503, str(e), code="unavailable") from None
-        except PromptError as e:
-            too_long = len(prompt) > engine.n_ctx_slot
-            raise ApiError(400, str(e), param=prompt_param,
-                           code="context_length_exceeded" if too_long else None) from None
-
-    async def __aiter__(self) -> AsyncIterator[Event]:
-        while not self.ended:
-            event = await self.events.get()
-            self.ended = not isinstance(event, Delta)
-            yield event
-
-    def cancel(self) -> None:
-        """Free the job's slot or queue place (a client left); nothing once it ended."""
-        if not self.ended:
-            self.engine.cancel(self.job)
-
-    async def collect(self, request: Request) -> tuple[str, Done] | None:
-        """All the text and the Done event; None when the client disconnects first (the job is cancelled)."""
-        result = asyncio.ensure_future(self._gather())
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-            return result.result() if result.done() else None
-        finally:
-            result.cancel()
-            gone.cancel()
-            self.cancel()
-
-    async def _gather(self) -> tuple[str, Done]:
-        parts: list[str] = []
-        self.logprobs: list[TokenLogprob] = []  # every Delta's and the Done's, in order
-        async for event in self:
-            if isinstance(event, Delta):
-                parts.append(event.text)
-                self.logprobs += event.logprobs
-            elif isinstance(event, Failed):
-                raise _failure(event)
-            else:
-                parts.append(event.text)
-                self.logprobs += event.logprobs
-                return "".join(parts), event
-        raise AssertionError("a job's events end with Done or Failed")
-
-
-def _job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: Callable[[Event], None],
-         max_tokens: int | None, job_id: str, grammar: str | None, extra_stops: Sequence[str] = ()) -> Job:
-    """The request's Job, its sampling parameters checked here, before it is queued: a value out of range
-    (or a logit_bias id outside the vocabulary) is a 400 naming the field. grammar: request_grammar's."""
-    try:
-        sampling = body.sampling()
-        n_logprobs = _llama.check_logprobs(body.n_logprobs, "top_logprobs" if isinstance(getattr(body, "logprobs", None), bool)
-                                           else "logprobs")
-        _llama.Sampler(engine.model, sampling, n_ctx=engine.n_ctx_slot).free()  # logit_bias ids
-    except ValueError as e:
-        message = str(e)
-        param = next((f for f in type(body).model_fields if message.startswith(f)), None)
-        raise ApiError(400, message, param=param) from None
-    stops = body.stops() + [s for s in extra_stops if s not in body.stops()]  # the chat template's turn end
-    return Job(prompt, emit, max_tokens=max_tokens, sampling=sampling, seed=body.seed, stop=stops,
-               grammar=grammar, logprobs=n_logprobs, ignore_eos=body.ignore_eos, id=job_id)
-
-
-def _failure(event: Failed) -> ApiError:
-    if event.stopped:
-        return ApiError(503, event.message, code="unavailable")
-    return ApiError(500, event.message, code="generation_failed")
-
-
-async def _disconnected(request: Request) -> None:
-    """Return once the client has gone (Starlette sees the disconnect only when asked)."""
-    while not await request.is_disconnected():
-        await asyncio.sleep(DISCONNECT_POLL_S)
-
-
-def request_grammar(model: _llama.Model, body: GenerationRequest) -> str | None:
-    """The request's grammar (grammar, json_schema or response_format), converted and parsed for model's
-    vocabulary: a bad one is a 400 with llama.cpp's message before any job is queued."""
-    try:
-        text = body.grammar_text()
-        if text is not None:
-            _llama.check_grammar(model, text)
-    except GrammarError as e:
-        raise ApiError(400, str(e), param=e.param) from None
-    except ValueError as e:
-        raise ApiError(400, str(e), param=body.grammar_param) from None
-    return text
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            kind = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip().lower()
+            if not (kind == b"application/json" or kind.endswith(b"+json")):
+                headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
 
 
 def _usage(done: Done) -> dict[str, Any]:
@@ -183,18 +102,38 @@ def _sse(obj: dict[str, Any]) -> dict[str, str]:
 
 def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: str | None = None,
                model_meta: dict[str, Any] | None = None, shutdown_grace: float = 5.0,
-               embeddings: embedding_routes.EmbeddingService | None = None) -> FastAPI:
+               embeddings: embedding_routes.EmbeddingService | None = None,
+               defaults: ServerDefaults = ServerDefaults(), slots_endpoint: bool = True,
+               metrics_endpoint: bool = False, cors_origins: str = "*") -> FastAPI:
     """The FastAPI app serving engine's model as model_id. shutdown_grace: the seconds the engine gives
     requests after engine.drain() (streams stay open that long, and a little more for their last chunk);
-    embeddings: the --embeddings service."""
+    embeddings: the --embeddings service; defaults: --temp, --seed, -n; slots_endpoint: /slots and /engine
+    (--no-slots turns them off); metrics_endpoint: /metrics (--metrics); cors_origins: --cors-origins."""
     app = FastAPI(title="pyllama_so", summary="OpenAI-compatible server over llama.cpp")
-    errors.install(app)
+    errors.install(app, NATIVE_PATHS)
     embedding_routes.install(app, embeddings, model_id)
+    stream_grace = shutdown_grace + STREAM_GRACE_MARGIN_S
+    native.install(app, engine, model_id=model_id, defaults=defaults, stream_grace=stream_grace)
+    status.install(app, engine, model_id=model_id, chat=chat, defaults=defaults, build_info=FINGERPRINT,
+                   slots_endpoint=slots_endpoint, metrics_endpoint=metrics_endpoint)
+    app.add_middleware(JsonBodyMiddleware)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, key=api_key)
+    app.add_middleware(CORSMiddleware, **cors_options(cors_origins))  # outermost: a preflight needs no key
     started = int(time.time())
     model = engine.model
-    n_vocab = model.n_vocab
+
+    def token_limit(body: CompletionRequest | ChatRequest) -> int | None:
+        """The request's max_tokens, else the server's -n when given, by Llama's rule (0 or less: up to the end
+        of the slot's context)."""
+        if defaults.n_predict is not None and not {"max_tokens", "max_completion_tokens"} & body.model_fields_set:
+            return max_tokens_limit(defaults.n_predict)
+        return body.token_limit
+
+    def job(body: GenerationRequest, prompt: list[int], max_tokens: int | None, cid: str, grammar: str | None,
+            extra_stops: Sequence[str] = ()) -> Callable[[Any], Any]:
+        return lambda emit: make_job(engine, body, prompt, emit, max_tokens, cid, grammar, defaults=defaults,
+                                     extra_stops=extra_stops)
 
     def stream(run: Run, body: GenerationRequest, chunk: Callable[..., dict[str, Any]], first: list[dict[str, Any]],
                delta: Callable[[str], Any], last: Callable[[str], Any],
@@ -217,7 +156,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                         if body.include_usage:
                             yield _sse({**chunk(delta(""), None), "choices": [], "usage": _usage(event)})
                     else:
-                        e = _failure(event)
+                        e = failure(event)
                         yield _sse(errors.error_body(e.status, e.message, code=e.code))
                 yield {"data": "[DONE]"}
             finally:
@@ -226,9 +165,10 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         # the background task also cancels a job whose stream never started (a client gone at once);
         # at a shutdown sse-starlette would cancel the stream at once: it waits for the engine instead
         return EventSourceResponse(events(), background=BackgroundTask(run.cancel),
-                                   shutdown_grace_period=shutdown_grace + STREAM_GRACE_MARGIN_S)
+                                   shutdown_grace_period=stream_grace)
 
     @app.get("/health")
+    @app.get("/v1/health")
     async def health() -> JSONResponse:
         if not engine.running:
             return JSONResponse({"status": "error", "error": str(engine.error or "the engine stopped")},
@@ -237,14 +177,11 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             return JSONResponse({"status": "error", "error": SHUTTING_DOWN}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/slots")
-    async def slots() -> dict[str, Any]:
-        return engine.snapshot().as_dict()
-
     @app.get("/v1/models")
+    @app.get("/models")
     async def models() -> dict[str, Any]:
         # the template itself (a Jinja text, or the name of a llama.cpp built-in) and where it came from
-        meta = {"n_ctx_slot": engine.n_ctx_slot, "n_slots": engine.n_slots, "n_vocab": n_vocab,
+        meta = {"n_ctx_slot": engine.n_ctx_slot, "n_slots": engine.n_slots, "n_vocab": model.n_vocab,
                 "chat_template": getattr(chat, "text", None) or getattr(chat, "builtin", chat.name),
                 "chat_template_source": chat.name, **(model_meta or {})}
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": started,
@@ -258,14 +195,11 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                 raise ApiError(400, "the prompt is empty", param="prompt")
             prompt = await run_in_threadpool(lambda: model.tokenize(text).tolist())
         else:
-            prompt = [int(t) for t in body.prompt]
-            bad = [t for t in prompt if not 0 <= t < n_vocab]
-            if bad:
-                raise ApiError(400, f"token id {bad[0]} out of range [0, {n_vocab})", param="prompt")
+            prompt = checked_ids(model, body.prompt, "prompt")  # type: ignore[arg-type]
         echo = model.detokenize_bytes(prompt).decode("utf-8", "replace") if body.echo else ""
         grammar = await run_in_threadpool(request_grammar, model, body)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        run = Run(engine, body, prompt, body.token_limit, "prompt", cid, grammar)
+        run = Run(engine, job(body, prompt, token_limit(body), cid, grammar), "prompt")
 
         def chunk(text: str, finish: str | None, lps: Any = None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_id,
@@ -295,6 +229,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         return {"prompt": await render(body)}
 
     @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> dict[str, Any] | EventSourceResponse:
         text = await render(body)
         # a Jinja template writes the BOS itself where it wants one; llama.cpp's built-ins leave it to the tokenizer
@@ -302,7 +237,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             lambda: model.tokenize(text, add_special=chat.add_bos, parse_special=True).tolist())
         grammar = await run_in_threadpool(request_grammar, model, body)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        run = Run(engine, body, prompt, body.token_limit, "messages", cid, grammar, extra_stops=chat.stops)
+        run = Run(engine, job(body, prompt, token_limit(body), cid, grammar, chat.stops), "messages")
 
         def chunk(delta: dict[str, Any], finish: str | None, lps: Any = None, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id,

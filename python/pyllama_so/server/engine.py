@@ -5,7 +5,8 @@ generating slot and pieces of the prompts of prefilling slots: while any slot ge
 n_ubatch prompt tokens (so a long prompt delays the running generations by about one ubatch per
 token, not by its whole prefill), otherwise up to n_batch, whose ubatches split overlap alternates
 between its lanes. A slot keeps the tokens of its last request in its part of the KV cache; a request
-goes to the free slot holding the longest prefix of its prompt, and only the rest is evaluated.
+goes to the free slot holding the longest prefix of its prompt (or to the one it names, id_slot, once
+that is free), and only the rest is evaluated.
 
 A step is left running on the devices while the thread streams the text of the step before it
 (Context.decode_batch_sample_begin/_end): whether a slot goes on is decided from its sampled token
@@ -38,7 +39,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -93,18 +94,24 @@ class Timings:
         return 1e3 * self.predicted_n / self.predicted_ms if self.predicted_ms > 0 else 0.0
 
     def as_dict(self) -> dict[str, float]:
+        per_prompt = self.prompt_ms / self.prompt_n if self.prompt_n else 0.0
+        per_predicted = self.predicted_ms / self.predicted_n if self.predicted_n else 0.0
         return {"cache_n": self.cache_n, "prompt_n": self.prompt_n, "prompt_ms": round(self.prompt_ms, 3),
-                "prompt_per_second": round(self.prompt_per_second, 3), "predicted_n": self.predicted_n,
-                "predicted_ms": round(self.predicted_ms, 3),
+                "prompt_per_token_ms": round(per_prompt, 3), "prompt_per_second": round(self.prompt_per_second, 3),
+                "predicted_n": self.predicted_n, "predicted_ms": round(self.predicted_ms, 3),
+                "predicted_per_token_ms": round(per_predicted, 3),
                 "predicted_per_second": round(self.predicted_per_second, 3), "queue_ms": round(self.queue_ms, 3)}
 
 
 @dataclass(frozen=True)
 class Delta:
-    """Text that became final, with the logprobs of the tokens it starts (when the job asked for them)."""
+    """Text that became final, with the logprobs of the tokens it starts (when the job asked for them), the
+    tokens generated since the previous event, and the slot generating them."""
 
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
+    tokens: tuple[int, ...] = ()
+    slot: int = -1
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,10 @@ class Done:
     usage: Usage
     timings: Timings
     logprobs: tuple[TokenLogprob, ...] = ()
+    tokens: tuple[int, ...] = ()  # generated since the last Delta
+    slot: int = -1
+    stopping_word: str = ""  # the stop string that ended it, if one did
+    n_cached: int = 0  # tokens the slot's cache holds afterwards (prompt and generated)
 
 
 @dataclass(frozen=True)
@@ -138,20 +149,26 @@ class Job:
 
     prompt: list[int]
     emit: Callable[[Event], None]
-    max_tokens: int | None = None  # None: up to the end of the slot's context; else at least 1
+    # None: up to the end of the slot's context; 0: evaluate the prompt into the slot's cache, generate nothing
+    max_tokens: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
     stop: Sequence[str] = ()
     grammar: str | None = None  # GBNF text for the slot's sampler (checked before the job is queued)
     logprobs: int | None = None  # the top logprobs of each generated token, or None
     ignore_eos: bool = False  # end-of-generation tokens are never sampled (llama-server's ignore_eos)
+    id_slot: int | None = None  # the slot that must run it (llama-server's id_slot); None: any free slot
+    cache_prompt: bool = True  # False: evaluate the whole prompt, whatever the slot holds
+    settings: Mapping[str, Any] | None = None  # the request's settings as the server shows them; kept only
     id: str = field(default_factory=lambda: f"job-{uuid.uuid4().hex[:12]}")
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set by cancel() (any thread), read by the engine thread at each step
 
     def __post_init__(self) -> None:
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be None or >= 1, got {self.max_tokens}")
+        if self.max_tokens is not None and self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be None or >= 0, got {self.max_tokens}")
+        if self.id_slot is not None and self.id_slot < 0:
+            raise ValueError(f"id_slot must be None or >= 0, got {self.id_slot}")
 
 
 class SlotState(enum.Enum):
@@ -173,6 +190,13 @@ class SlotView:
     generated: int | None
     totals: tuple[tuple[str, int], ...]
     last: Timings | None
+    # the job running, else the last one (llama-server's /slots shows both): its prompt tokens taken from the
+    # cache and evaluated, its generated tokens, whether its text has a newline
+    task: Job | None = field(default=None, compare=False)
+    task_cached: int = 0
+    task_evaluated: int = 0
+    task_generated: int = 0
+    has_new_line: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "state": self.state, "job": self.job, "n_cached": self.n_cached,
@@ -199,6 +223,10 @@ class Slot:
     sent: int = 0  # characters of text emitted
     sampler: _llama.Sampler | None = None  # the request's llama.cpp sampler chain, seeded per request
     cached: int = 0  # prompt tokens reused
+    evaluated: int = 0  # prompt tokens of the job evaluated so far
+    tokens_sent: int = 0  # generated tokens reported in events
+    has_new_line: bool = False  # the job's text so far has a newline
+    task: Job | None = None  # the job, or the last one after it ended
     t_admitted: float = 0.0
     t_prompt_start: float | None = None
     t_prompt_end: float = 0.0
@@ -218,7 +246,8 @@ class Slot:
             generated=len(self.text.tokens) if job and self.text else None,
             totals=(("requests", self.n_requests), ("prompt_evaluated", self.n_prompt_evaluated),
                     ("prompt_cached", self.n_prompt_cached), ("generated", self.n_generated)),
-            last=self.last_timings)
+            last=self.last_timings, task=self.task, task_cached=self.cached, task_evaluated=self.evaluated,
+            task_generated=len(self.text.tokens) if self.text else 0, has_new_line=self.has_new_line)
 
 
 @dataclass(frozen=True)
@@ -235,6 +264,22 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Counters:
+    """Totals since the engine started (/metrics names them as llama-server does)."""
+
+    requests: int = 0  # jobs that ended with Done
+    prompt_tokens: int = 0  # prompt tokens evaluated, of every job (cancelled ones too)
+    prompt_cached: int = 0  # prompt tokens taken from a slot's cache
+    prompt_seconds: float = 0.0  # the prompt times of the jobs that ended with Done
+    timed_prompt_tokens: int = 0  # the prompt tokens those jobs evaluated
+    predicted_tokens: int = 0  # tokens generated by the jobs that ended with Done
+    predicted_seconds: float = 0.0
+    decodes: int = 0  # llama_decode calls (steps)
+    busy_slot_steps: int = 0  # slots holding a job, summed over the steps
+    n_tokens_max: int = 0  # the most tokens a slot's cache held after a step
+
+
+@dataclass(frozen=True)
 class EngineSnapshot:
     """What /slots shows: the slots and counters as the engine thread published them after a step, and
     the queue as it was when snapshot() was called."""
@@ -248,6 +293,7 @@ class EngineSnapshot:
     last_step: Step | None
     step_host_ms_mean: float
     split_overlap: dict[str, Any]  # a fresh dict from the context, never changed after
+    counters: Counters = Counters()
     waiting: int = 0
     queue_size: int = 0
     running: bool = True
@@ -309,10 +355,12 @@ class Engine:
         self._last_step: Step | None = None
         self._running: list[tuple[Slot, Job, list[int], bool]] | None = None  # the step on the devices
         self._running_kinds: tuple[tuple[int, int, str], ...] = ()  # its Step.items
+        self._running_busy = 0  # slots holding a job when it started
         self._t_step_start = 0.0  # of the running step
         self._t_step_end: float | None = None  # of the last step that ended
         self._free_after_step: list[_llama.Sampler] = []  # of slots released while their step runs
         self._split_overlap = ctx.split_overlap_stats()
+        self._done = Counters()  # the fields counted as jobs end and steps run (the rest comes from the slots)
         # the job queue: these fields only under _lock
         self._lock = threading.Condition()
         self._waiting: deque[Job] = deque()
@@ -370,6 +418,8 @@ class Engine:
         if len(job.prompt) > self.n_ctx_slot:
             raise PromptError(f"the prompt has {len(job.prompt)} tokens but a slot's context holds "
                               f"{self.n_ctx_slot}")
+        if job.id_slot is not None and job.id_slot >= self.n_slots:
+            raise ValueError(f"id_slot {job.id_slot} out of range: the server has {self.n_slots} slots")
         with self._lock:
             if not self._accepting:
                 raise EngineStopped(SHUTTING_DOWN)
@@ -441,8 +491,7 @@ class Engine:
                 self._lock.wait()
             if self._stopping:
                 return False
-            free = sum(s.job is None for s in self._slots)
-            taken = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+            taken = self._take_jobs({s.id for s in self._slots if s.job is None})
             deadline = self._deadline
         # from here on without the lock: the slots are this thread's
         now = time.perf_counter()
@@ -452,7 +501,7 @@ class Engine:
             self._end_grace(now, taken)
             self._publish()
             return True
-        for job in taken:
+        for job in sorted(taken, key=lambda j: j.id_slot is None):  # the jobs for one slot take theirs first
             self._admit(job)
         self._start_step()
         self._stream(outs)  # while the step runs
@@ -493,6 +542,7 @@ class Engine:
         for s, _, _, _ in items:
             s.in_step = True
         self._running, self._running_kinds, self._t_step_start = items, kinds, t0
+        self._running_busy = len(busy)
 
     def _end_step(self) -> list[tuple[Slot, Job, tuple[int, float | None, Any], float]]:
         """Wait for the running step (if any) and take its outputs: the slots' tokens and prompt progress,
@@ -527,6 +577,7 @@ class Engine:
             if s.state is SlotState.PREFILL:
                 del s.pending[:len(toks)]
                 s.n_prompt_evaluated += len(toks)
+                s.evaluated += len(toks)
                 if s.t_prompt_start is None:
                     s.t_prompt_start = self._t_step_start
             if want:
@@ -540,6 +591,8 @@ class Engine:
         self._steps_by_slots[len(items)] = self._steps_by_slots.get(len(items), 0) + 1
         self._host_seconds += step.host_seconds
         self._last_step = step
+        self._done = replace(self._done, busy_slot_steps=self._done.busy_slot_steps + self._running_busy,
+                             n_tokens_max=max(self._done.n_tokens_max, *(len(s.tokens) for s in self._slots)))
         self._publish()
         if self.on_step is not None:
             self.on_step(step)
@@ -552,7 +605,29 @@ class Engine:
             n_ubatch=self.n_ubatch, steps=self._steps, steps_by_slots=tuple(sorted(self._steps_by_slots.items())),
             last_step=self._last_step,
             step_host_ms_mean=1e3 * self._host_seconds / self._steps if self._steps else 0.0,
-            split_overlap=self._split_overlap)
+            split_overlap=self._split_overlap,
+            counters=replace(self._done, decodes=self._steps,
+                             prompt_tokens=sum(s.n_prompt_evaluated for s in self._slots),
+                             prompt_cached=sum(s.n_prompt_cached for s in self._slots)))
+
+    def _take_jobs(self, free: set[int]) -> list[Job]:
+        """Under the lock: the waiting jobs that the free slots take now, in order of arrival. A job for one
+        slot (id_slot) whose slot is busy waits without holding back the jobs behind it; the others take
+        any free slot (_admit picks it)."""
+        taken: list[Job] = []
+        n_any = 0  # jobs taken that go to any free slot
+        for job in list(self._waiting):
+            if len(free) <= n_any:
+                break
+            if job.id_slot is None:
+                n_any += 1
+            elif job.id_slot in free:  # len(free) > n_any: the others still find a slot
+                free.discard(job.id_slot)
+            else:
+                continue
+            self._waiting.remove(job)
+            taken.append(job)
+        return taken
 
     def _admit(self, job: Job) -> None:
         """Give a job taken from the queue the free slot holding the longest prefix of its prompt, the least
@@ -569,10 +644,10 @@ class Engine:
         except ValueError as e:  # the HTTP side checks first; a job submitted without that check fails alone
             self._end(job, Failed(str(e)))
             return
-        free = [s for s in self._slots if s.job is None]
+        free = [s for s in self._slots if s.job is None and (job.id_slot is None or s.id == job.id_slot)]
         prefix, _, slot = max(((common_prefix(s.tokens, job.prompt), -s.last_used, s) for s in free),
                               key=lambda c: c[:2])
-        keep = min(prefix, len(job.prompt) - 1)  # one token gives the logits
+        keep = min(prefix, len(job.prompt) - 1) if job.cache_prompt else 0  # one token gives the logits
         if keep < len(slot.tokens):
             try:
                 self.ctx.truncate(keep, slot.id)
@@ -580,9 +655,9 @@ class Engine:
                 self.ctx.truncate(0, slot.id)
                 keep = 0
             del slot.tokens[keep:]
-        slot.job, slot.state = job, SlotState.PREFILL
+        slot.job, slot.task, slot.state = job, job, SlotState.PREFILL
         slot.pending = list(job.prompt[keep:])
-        slot.cached = keep
+        slot.cached, slot.evaluated, slot.tokens_sent, slot.has_new_line = keep, 0, 0, False
         slot.text = TextStream(self.model.detokenize_bytes, job.stop)
         slot.sent = 0
         slot.logprob_rows = None if job.logprobs is None else LogprobRows(
@@ -617,6 +692,9 @@ class Engine:
             if s.job is not job:  # cancelled, or ended by the shutdown's grace period
                 continue
             assert s.text is not None
+            if job.max_tokens == 0:  # the prompt is in the cache: nothing to generate
+                self._finish(s, "length", now)
+                continue
             eog = self.model.is_eog(tok)
             if s.logprob_rows is not None and not eog:
                 s.logprob_rows.add(tok, (logprob, top))
@@ -627,7 +705,11 @@ class Engine:
             ready = s.text.push(tok)
             if ready:
                 s.sent += len(ready)
-                self._emit(job, Delta(ready, tuple(s.logprob_rows.take(s.sent)) if s.logprob_rows else ()))
+                s.has_new_line = s.has_new_line or "\n" in ready
+                tokens = tuple(s.text.tokens[s.tokens_sent:])
+                s.tokens_sent = len(s.text.tokens)
+                self._emit(job, Delta(ready, tuple(s.logprob_rows.take(s.sent)) if s.logprob_rows else (), tokens,
+                                      s.id))
             if s.text.stopped:
                 self._finish(s, "stop", now)
             elif not s.continues:
@@ -647,14 +729,22 @@ class Engine:
                           queue_ms=1e3 * (s.t_admitted - job.submitted))
         usage = Usage(prompt_tokens=len(job.prompt), cached_tokens=s.cached, completion_tokens=len(s.text.tokens))
         tail = s.text.finish()
+        s.has_new_line = s.has_new_line or "\n" in tail
         rows = tuple(s.logprob_rows.take(s.sent + len(tail), final=True)) if s.logprob_rows else ()
+        tokens = tuple(s.text.tokens[s.tokens_sent:])
+        s.tokens_sent = len(s.text.tokens)
         self._release(s)
         s.last_timings = timings
+        d = self._done
+        self._done = replace(d, requests=d.requests + 1, prompt_seconds=d.prompt_seconds + timings.prompt_ms / 1e3,
+                             timed_prompt_tokens=d.timed_prompt_tokens + timings.prompt_n,
+                             predicted_tokens=d.predicted_tokens + timings.predicted_n,
+                             predicted_seconds=d.predicted_seconds + timings.predicted_ms / 1e3)
         log.info("%s slot %d: prompt %d tokens (%d cached, %d evaluated, %.1f ms, %.1f t/s), generated %d "
                  "(%.1f ms, %.1f t/s), queued %.1f ms, finish %s", job.id, s.id, usage.prompt_tokens,
                  timings.cache_n, timings.prompt_n, timings.prompt_ms, timings.prompt_per_second,
                  timings.predicted_n, timings.predicted_ms, timings.predicted_per_second, timings.queue_ms, reason)
-        self._end(job, Done(tail, reason, usage, timings, rows))
+        self._end(job, Done(tail, reason, usage, timings, rows, tokens, s.id, s.text.stop_word, len(s.tokens)))
 
     def _fail(self, s: Slot, message: str) -> None:
         """The job fails and the slot forgets its cache (a failed decode leaves it unknown)."""

@@ -1,5 +1,7 @@
-"""OpenAI-style error responses: {"error": {"message", "type", "param", "code"}} with the matching status,
-for our own errors, FastAPI's validation errors (400 here, not FastAPI's 422 shape) and unknown routes."""
+"""Error responses for our own errors, FastAPI's validation errors (400 here, not FastAPI's 422 shape) and
+unknown routes: OpenAI's shape, {"error": {"message", "type", "param", "code"}}, on the OpenAI routes (and
+unknown ones); llama-server's, {"error": {"code": status, "message", "type"}} with its types
+(tools/server/server-common.cpp, format_error_response), on its native routes."""
 
 from __future__ import annotations
 
@@ -18,10 +20,20 @@ _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "inva
           405: "invalid_request_error", 500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
 
 
+# llama-server's error types by status; a prompt longer than the slot's context has its own
+_NATIVE_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                 404: "not_found_error", 500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
+CONTEXT_EXCEEDED = "context_length_exceeded"  # OpenAI's code; llama-server's type exceed_context_size_error
+
+
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    """An error response: status, message, the request field (param) and OpenAI's code where they are known;
+    details: more fields of llama-server's error object (n_prompt_tokens and n_ctx of a prompt too long)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.details = status, message, param, code, details
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -32,6 +44,22 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status)
+
+
+def native_error_body(status: int, message: str, code: str | None = None,
+                      details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """llama-server's error object: its code is the HTTP status."""
+    kind = "exceed_context_size_error" if code == CONTEXT_EXCEEDED else _NATIVE_TYPES.get(
+        status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"code": status, "message": message, "type": kind, **(details or {})}}
+
+
+def response_for(path: str, native_paths: frozenset[str], status: int, message: str, param: str | None = None,
+                 code: str | None = None, details: dict[str, Any] | None = None) -> JSONResponse:
+    """The error in the shape of the route: llama-server's on native_paths, OpenAI's elsewhere."""
+    if path in native_paths:
+        return JSONResponse(native_error_body(status, message, code, details), status_code=status)
+    return error_response(status, message, param, code)
 
 
 def _field(error: dict[str, Any]) -> list[str]:
@@ -64,21 +92,27 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     return "; ".join(parts), param
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, native_paths: frozenset[str] = frozenset()) -> None:
+    """Error handlers for app; native_paths: the routes whose errors have llama-server's shape."""
+
+    def respond(request: Request, status: int, message: str, param: str | None = None, code: str | None = None,
+                details: dict[str, Any] | None = None) -> JSONResponse:
+        return response_for(request.url.path, native_paths, status, message, param, code, details)
+
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code)
+        return respond(request, exc.status, exc.message, exc.param, exc.code, exc.details)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(list(exc.errors()))
-        return error_response(400, message, param)
+        return respond(request, 400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail))
+        return respond(request, exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path)
-        return error_response(500, f"internal error: {exc}")
+        return respond(request, 500, f"internal error: {exc}")

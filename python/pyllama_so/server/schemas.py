@@ -5,6 +5,7 @@ text encoding takes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
@@ -75,11 +76,18 @@ class GenerationRequest(_Body):
     json_schema: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
 
-    def sampling(self) -> SamplingParams:
-        """The sampling parameters (fields left out take SamplingParams' defaults, the one place they are
-        written); ValueError naming the one out of range."""
+    def sampling(self, defaults: Mapping[str, Any] | None = None,
+                 logit_bias: Mapping[int, float] | None = None) -> SamplingParams:
+        """The sampling parameters: fields left out take defaults' value (the server's --temp, --seed) where
+        it has one, else SamplingParams' default (the one place they are written); logit_bias: instead of the
+        field (a native request's, resolved to token ids). ValueError naming the one out of range."""
         names = set(SamplingParams.names()) - {"penalty_last_n", "mirostat_mode", "dry_sequence_breakers"}
         given = {n: getattr(self, n) for n in names}
+        if logit_bias is not None:
+            given["logit_bias"] = logit_bias
+        for name, value in (defaults or {}).items():
+            if given.get(name) is None:
+                given[name] = value
         breakers = None if self.dry_sequence_breakers is None else tuple(self.dry_sequence_breakers)
         return SamplingParams.from_kwargs(
             **given, dry_sequence_breakers=breakers,
@@ -90,6 +98,11 @@ class GenerationRequest(_Body):
     def n_logprobs(self) -> int | None:
         """How many top logprobs each generated token reports, or None (the endpoint's own fields)."""
         return None
+
+    @property
+    def logprobs_param(self) -> str:
+        """The field n_logprobs comes from, for a 400."""
+        return "logprobs"
 
     def grammar_text(self) -> str | None:
         """GBNF for grammar / json_schema / response_format (pyllama_so.grammar; a GrammarError names the field).
@@ -190,6 +203,10 @@ class ChatRequest(GenerationRequest, ChatTemplateRequest):
                 raise ValueError("top_logprobs needs logprobs: true")
             return None
         return 0 if self.top_logprobs is None else self.top_logprobs
+
+    @property
+    def logprobs_param(self) -> str:
+        return "top_logprobs"
 
     @property
     def token_limit(self) -> int | None:

@@ -1,0 +1,139 @@
+"""A request's engine Job, submitted from the event loop, and its events: what the OpenAI endpoints and
+llama-server's native ones share.
+
+make_job() checks a request's sampling fields and builds its Job; Run submits it and hands the engine
+thread's events to the event loop through an asyncio queue. A client that goes away cancels its job: a
+stream when sse-starlette sees the disconnect, a non-streamed request when the poll of
+Request.is_disconnected() does (every DISCONNECT_POLL_S seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+from fastapi import Request
+
+from pyllama_so import _llama
+from pyllama_so.grammar import GrammarError
+from pyllama_so.logprobs import TokenLogprob
+from pyllama_so.server.engine import Delta, Done, Engine, EngineStopped, Event, Failed, Job, PromptError, QueueFull
+from pyllama_so.server.errors import CONTEXT_EXCEEDED, ApiError
+from pyllama_so.server.schemas import GenerationRequest
+from pyllama_so.server.settings import ServerDefaults
+
+DISCONNECT_POLL_S = 0.25
+
+
+class Run:
+    """A job submitted from the event loop; its events arrive through an asyncio queue. make(emit) builds
+    the Job (its checks raise ApiError before anything is queued); prompt_param names the request field
+    of the prompt in a 400."""
+
+    def __init__(self, engine: Engine, make: Callable[[Callable[[Event], None]], Job], prompt_param: str) -> None:
+        loop = asyncio.get_running_loop()
+        self.engine = engine
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def emit(event: Event) -> None:  # on the engine's thread
+            loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+        self.job = make(emit)
+        self.ended = False
+        prompt = self.job.prompt
+        try:
+            engine.submit(self.job)
+        except QueueFull as e:
+            raise ApiError(503, f"the server is busy: {e}; retry later", code="queue_full") from None
+        except EngineStopped as e:
+            raise ApiError(503, str(e), code="unavailable") from None
+        except PromptError as e:
+            too_long = len(prompt) > engine.n_ctx_slot
+            raise ApiError(400, str(e), param=prompt_param, code=CONTEXT_EXCEEDED if too_long else None,
+                           details={"n_prompt_tokens": len(prompt), "n_ctx": engine.n_ctx_slot} if too_long
+                           else None) from None
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while not self.ended:
+            event = await self.events.get()
+            self.ended = not isinstance(event, Delta)
+            yield event
+
+    def cancel(self) -> None:
+        """Free the job's slot or queue place (a client left); nothing once it ended."""
+        if not self.ended:
+            self.engine.cancel(self.job)
+
+    async def collect(self, request: Request) -> tuple[str, Done] | None:
+        """All the text and the Done event; None when the client disconnects first (the job is cancelled).
+        Afterwards logprobs holds every token's logprobs and tokens every generated token, in order."""
+        result = asyncio.ensure_future(self._gather())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+            return result.result() if result.done() else None
+        finally:
+            result.cancel()
+            gone.cancel()
+            self.cancel()
+
+    async def _gather(self) -> tuple[str, Done]:
+        parts: list[str] = []
+        self.logprobs: list[TokenLogprob] = []  # every Delta's and the Done's, in order
+        self.tokens: list[int] = []
+        async for event in self:
+            if isinstance(event, Failed):
+                raise failure(event)
+            parts.append(event.text)
+            self.logprobs += event.logprobs
+            self.tokens += event.tokens
+            if isinstance(event, Done):
+                return "".join(parts), event
+        raise AssertionError("a job's events end with Done or Failed")
+
+
+def make_job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: Callable[[Event], None],
+             max_tokens: int | None, job_id: str, grammar: str | None, *, defaults: ServerDefaults = ServerDefaults(),
+             extra_stops: Sequence[str] = (), logit_bias: Mapping[int, float] | None = None, **job: Any) -> Job:
+    """The request's Job, its sampling parameters checked here, before it is queued: a value out of range
+    (or a logit_bias id outside the vocabulary) is a 400 naming the field. grammar: request_grammar's;
+    defaults: the server's, for the fields the request leaves out; logit_bias: instead of the request's
+    own (a native request's, resolved to token ids); job: more Job fields (id_slot, cache_prompt, settings)."""
+    try:
+        sampling = body.sampling(defaults.sampling(), logit_bias)
+        n_logprobs = _llama.check_logprobs(body.n_logprobs, body.logprobs_param)
+        _llama.Sampler(engine.model, sampling, n_ctx=engine.n_ctx_slot).free()  # logit_bias ids
+    except ValueError as e:
+        message = str(e)
+        param = next((f for f in type(body).model_fields if message.startswith(f)), None)
+        raise ApiError(400, message, param=param) from None
+    stops = body.stops() + [s for s in extra_stops if s not in body.stops()]  # the chat template's turn end
+    return Job(prompt, emit, max_tokens=max_tokens, sampling=sampling, seed=sampling.seed, stop=stops,
+               grammar=grammar, logprobs=n_logprobs, ignore_eos=body.ignore_eos, id=job_id, **job)
+
+
+def failure(event: Failed) -> ApiError:
+    if event.stopped:
+        return ApiError(503, event.message, code="unavailable")
+    return ApiError(500, event.message, code="generation_failed")
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (Starlette sees the disconnect only when asked)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+def request_grammar(model: _llama.Model, body: GenerationRequest) -> str | None:
+    """The request's grammar (grammar, json_schema or response_format), converted and parsed for model's
+    vocabulary: a bad one is a 400 with llama.cpp's message before any job is queued."""
+    try:
+        text = body.grammar_text()
+        if text is not None:
+            _llama.check_grammar(model, text)
+    except GrammarError as e:
+        raise ApiError(400, str(e), param=e.param) from None
+    except ValueError as e:
+        raise ApiError(400, str(e), param=body.grammar_param) from None
+    return text

@@ -1,0 +1,229 @@
+"""llama-server's native generation and tokenizer endpoints on the engine (tools/server/README.md of the
+pinned tree): POST /completion (and /completions), /infill, /tokenize and /detokenize.
+
+A /completion request becomes a Job through the same make_job and Run as /v1/completions (jobs.py), with
+llama-server's fields: prompt as a text, token ids or both mixed (texts tokenized with special tokens
+parsed, BOS before a leading text), n_predict, n_probs, cache_prompt, id_slot, logit_bias in its forms.
+The answer is llama-server's object (content, stop, stop_type, stopping_word, tokens_predicted,
+tokens_evaluated, tokens_cached, generation_settings, timings, completion_probabilities, ...); streamed,
+one `data: {...}` event per piece of text (content, tokens, stop: false), then the final object with stop:
+true and empty content, and no [DONE].
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from sse_starlette.sse import EventSourceResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from pyllama_so import _llama
+from pyllama_so.logprobs import TokenLogprob
+from pyllama_so.server import errors
+from pyllama_so.server.engine import Delta, Done, Engine
+from pyllama_so.server.errors import ApiError
+from pyllama_so.server.infill import Chunk, infill_tokens, missing_fim_tokens
+from pyllama_so.server.jobs import Run, failure, make_job, request_grammar
+from pyllama_so.server.native_schemas import (DetokenizeRequest, InfillRequest, NativeCompletionRequest,
+                                              TokenizeRequest, bias_value)
+from pyllama_so.server.prompts import checked_ids, mixed_tokens, nonempty
+from pyllama_so.server.settings import ServerDefaults, generation_settings
+
+PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize"})
+
+
+def resolve_logit_bias(model: _llama.Model, value: list[Any] | dict[str, Any] | None) -> dict[int, float] | None:
+    """llama-server's logit_bias forms to {token id: bias}: [[token, bias], ...] or {token: bias}, a token an
+    id (a decimal key in the object form) or a text whose every token gets the bias, a bias a number or false
+    (-inf). A malformed entry is a 400 (llama-server skips it); ids are checked when the sampler is built."""
+    if value is None:
+        return None
+
+    def tokens(token: Any) -> list[int]:
+        if isinstance(token, int) and not isinstance(token, bool):
+            return [token]
+        if isinstance(token, str):
+            if token.strip().lstrip("-").isdigit():
+                return [int(token)]
+            return model.tokenize(token, add_special=False, parse_special=False).tolist()
+        raise ValueError(f"logit_bias: a token must be an id or a text, not {token!r}")
+
+    pairs = value.items() if isinstance(value, dict) else value
+    out: dict[int, float] = {}
+    try:
+        for pair in pairs:
+            if not isinstance(value, dict) and not (isinstance(pair, list) and len(pair) == 2):
+                raise ValueError(f"logit_bias: each entry must be a [token, bias] pair, not {pair!r}")
+            token, bias = pair
+            for t in tokens(token):
+                out[t] = bias_value(bias)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="logit_bias") from None
+    return out
+
+
+def probabilities(model: _llama.Model, rows: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """completion_probabilities: each token's id, text (its piece, an incomplete UTF-8 end dropped), bytes and
+    logprob, and its top_logprobs alike; the logprobs are log-softmax of the raw logits (no sampler applied)."""
+    def entry(token: int, logprob: float | None) -> dict[str, Any]:
+        piece = model.token_to_piece(token, special=True)
+        return {"id": token, "token": piece.decode("utf-8", "ignore"), "bytes": list(piece), "logprob": logprob}
+    return [{**entry(r.token, r.logprob), "top_logprobs": [entry(t, lp) for t, (_, lp) in zip(r.top_tokens, r.top)]}
+            for r in rows]
+
+
+def pick(out: dict[str, Any], paths: Sequence[str]) -> dict[str, Any]:
+    """llama-server's response_fields: "a/b" picks out["a"]["b"], named "a/b"; a missing one is left out."""
+    picked: dict[str, Any] = {}
+    for path in paths:
+        node: Any = out
+        for key in path.split("/"):
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+        else:
+            picked[path] = node
+    return picked
+
+
+def _sse(obj: dict[str, Any]) -> dict[str, str]:
+    return {"data": json.dumps(obj, ensure_ascii=False)}
+
+
+def install(app: FastAPI, engine: Engine, *, model_id: str, defaults: ServerDefaults,
+            stream_grace: float) -> None:
+    """Add the routes to app; defaults: the server's --temp, --seed, -n; stream_grace: how long a stream
+    outlives a shutdown's start."""
+    model = engine.model
+
+    async def complete(body: NativeCompletionRequest, request: Request, prompt: list[int]) -> Any:
+        grammar = await run_in_threadpool(request_grammar, model, body)
+        logit_bias = await run_in_threadpool(resolve_logit_bias, model, body.logit_bias)
+        if body.id_slot < -1 or body.id_slot >= engine.n_slots:
+            raise ApiError(400, f"id_slot must be -1 (any slot) or in [0, {engine.n_slots}), got {body.id_slot}",
+                           param="id_slot")
+        n_predict = body.n_predict_given
+        if n_predict is None or n_predict == -1:  # llama-server: -1 takes the server's -n
+            n_predict = -1 if defaults.n_predict is None else defaults.n_predict
+        cid = f"cmpl-{uuid.uuid4().hex}"
+
+        def make(emit: Any) -> Any:
+            job = make_job(engine, body, prompt, emit, None if n_predict == -1 else n_predict, cid, grammar,
+                           defaults=defaults, logit_bias=logit_bias, id_slot=None if body.id_slot == -1 else body.id_slot,
+                           cache_prompt=body.cache_prompt)
+            job.settings = generation_settings(job.sampling, n_predict=n_predict, stop=job.stop, stream=body.stream,
+                                               n_probs=job.logprobs or 0, ignore_eos=job.ignore_eos, grammar=grammar,
+                                               backend_sampling=engine.backend_sampling)
+            return job
+
+        run = Run(engine, make, "prompt")
+        settings = run.job.settings
+        prompt_text = model.detokenize_bytes(prompt, unparse_special=True).decode("utf-8", "replace")
+        want_probs = run.job.logprobs is not None
+
+        def final(text: str, done: Done, tokens: list[int], rows: Sequence[TokenLogprob]) -> dict[str, Any]:
+            u = done.usage
+            limited = done.finish_reason == "length"
+            out: dict[str, Any] = {
+                "index": 0, "content": text, "tokens": tokens, "id_slot": done.slot, "stop": True, "model": model_id,
+                "tokens_predicted": u.completion_tokens, "tokens_evaluated": u.prompt_tokens,
+                "generation_settings": settings, "prompt": prompt_text, "has_new_line": "\n" in text,
+                # the slot's context ended the generation (not n_predict)
+                "truncated": limited and (n_predict == -1 or u.completion_tokens < n_predict),
+                "stop_type": "limit" if limited else "word" if done.stopping_word else "eos",
+                "stopping_word": done.stopping_word, "tokens_cached": done.n_cached,
+                "timings": done.timings.as_dict()}
+            if want_probs and not body.stream:
+                out["completion_probabilities"] = probabilities(model, rows)
+            return out if body.response_fields is None else pick(out, body.response_fields)
+
+        if not body.stream:
+            result = await run.collect(request)
+            if result is None:
+                return {}  # the client is gone
+            text, done = result
+            return final(text, done, run.tokens if body.return_tokens else [], run.logprobs)
+
+        async def events() -> AsyncIterator[dict[str, str]]:
+            predicted = 0
+
+            def partial(event: Delta | Done) -> dict[str, Any]:
+                nonlocal predicted
+                predicted += len(event.tokens)
+                chunk: dict[str, Any] = {"index": 0, "content": event.text, "tokens": list(event.tokens),
+                                         "stop": False, "id_slot": event.slot, "tokens_predicted": predicted,
+                                         "tokens_evaluated": len(prompt)}
+                if want_probs and event.logprobs:
+                    chunk["completion_probabilities"] = probabilities(model, event.logprobs)
+                return chunk
+
+            try:
+                async for event in run:
+                    if isinstance(event, Delta):
+                        yield _sse(partial(event))
+                    elif isinstance(event, Done):
+                        if event.text or event.tokens:  # the text held back until the end
+                            yield _sse(partial(event))
+                        yield _sse(final("", event, [], ()))
+                    else:
+                        e = failure(event)
+                        yield _sse(errors.native_error_body(e.status, e.message, e.code))
+            finally:
+                run.cancel()
+
+        return EventSourceResponse(events(), background=BackgroundTask(run.cancel), sep="\n",
+                                   shutdown_grace_period=stream_grace)
+
+    async def completion(body: NativeCompletionRequest, request: Request) -> Any:
+        prompt = await run_in_threadpool(mixed_tokens, model, body.prompt, add_special=True, parse_special=True,
+                                         param="prompt")
+        return await complete(body, request, nonempty(prompt, "prompt"))
+
+    app.post("/completion", response_model=None)(completion)
+    app.post("/completions", response_model=None)(completion)
+
+    @app.post("/infill", response_model=None)
+    async def infill(body: InfillRequest, request: Request) -> Any:
+        missing = missing_fim_tokens(model)
+        if missing:  # llama-server's answer (the body's fields were checked before)
+            raise ApiError(501, "Infill is not supported by this model: " + " ".join(missing), code="not_supported")
+
+        def tokens() -> list[int]:
+            def part(value: str | list[int | str], param: str) -> list[int]:
+                return mixed_tokens(model, value, add_special=False, parse_special=False, param=param)
+            n_predict = -1 if defaults.n_predict is None else defaults.n_predict
+            return infill_tokens(model, part(body.input_prefix, "input_prefix"), part(body.input_suffix, "input_suffix"),
+                                 model.tokenize(body.prompt, add_special=False, parse_special=True).tolist(),
+                                 [Chunk(c.text, c.filename) for c in body.input_extra], n_batch=engine.n_batch,
+                                 n_ctx=engine.n_ctx_slot, n_predict=n_predict)
+
+        return await complete(body, request, await run_in_threadpool(tokens))
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        if body.content is None:
+            return {"tokens": []}
+        ids = await run_in_threadpool(mixed_tokens, model, body.content, add_special=body.add_special,
+                                      parse_special=body.parse_special, param="content")
+        if not body.with_pieces:
+            return {"tokens": ids}
+
+        def piece(token: int) -> str | list[int]:  # a piece that is not valid UTF-8 as its bytes
+            raw = model.token_to_piece(token, special=True)
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return list(raw)
+        return {"tokens": [{"id": t, "piece": piece(t)} for t in ids]}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
+        ids = checked_ids(model, body.tokens, "tokens")
+        # each token's piece with special tokens rendered, joined (llama-server's tokens_to_str)
+        text = await run_in_threadpool(lambda: model.detokenize_pieces(ids, special=True))
+        return {"content": text.decode("utf-8", "replace")}
