@@ -287,6 +287,9 @@ def test_models_and_health(server: Server, tiny_model: Path) -> None:
 
 # -- slots and batching --
 
+@pytest.mark.skipif(cuda_device_count() > 0, reason="CUDA kernels are not batch-invariant: a sequence decoded "
+                    "beside another rounds differently, and the random model's greedy text then diverges (seen on "
+                    "one H200 after about 60 characters); the CPU's are")
 def test_concurrent_requests_equal_sequential(server: Server) -> None:
     """Two greedy requests decoded in the same steps give what each gives alone. The server's step counter
     by slot count shows that they shared steps (retried, at most 5 times, until they overlapped)."""
