@@ -457,17 +457,13 @@ class Engine:
         except BaseException as e:  # a bug here must not leave requests hanging
             log.exception("the engine failed")
             self.error = e
-            if self._running is not None:  # let the devices finish it before its samplers go
+            items, self._running = self._running, None
+            if items is not None:  # let the devices finish it before its samplers go
                 try:
                     self.ctx.decode_batch_sample_end()
                 except Exception:
                     pass
-                self._running = None
-                for s in self._slots:
-                    s.in_step = False
-                for smp in self._free_after_step:
-                    smp.free()
-                self._free_after_step.clear()
+                self._step_ended(items)
         with self._lock:
             self._stopping = True
             waiting = list(self._waiting)
@@ -557,11 +553,7 @@ class Engine:
             sampled = None
             error = e
         t1 = time.perf_counter()
-        for s, _, _, _ in items:
-            s.in_step = False
-        for smp in self._free_after_step:
-            smp.free()
-        self._free_after_step.clear()
+        self._step_ended(items)
         if sampled is None:
             for s, job, _, _ in items:
                 if s.job is job:
@@ -670,6 +662,15 @@ class Engine:
         slot.t_admitted, slot.t_prompt_start = time.perf_counter(), None
         slot.n_requests += 1
         slot.n_prompt_cached += keep
+
+    def _step_ended(self, items: list[tuple[Slot, Job, list[int], bool]]) -> None:
+        """The step of items is off the devices: its slots are free to change, the samplers of those released
+        while it ran are freed."""
+        for s, _, _, _ in items:
+            s.in_step = False
+        for smp in self._free_after_step:
+            smp.free()
+        self._free_after_step.clear()
 
     def _take(self, s: Slot, job: Job, tok: int, now: float) -> None:
         """A sampled token of the slot, before its text: whether the slot decodes it in the next step (the
