@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +12,9 @@ import pytest
 from cuda_devices import cuda_device_count
 
 import pyllama_so
-from pyllama_so import Llama
+from pyllama_so import Llama, _llama
 from pyllama_so.archs import nmse
+from pyllama_so.sampling import SamplingParams
 
 pytestmark = pytest.mark.gpu
 PROMPT = "Tensor parallel inference on two GPUs."
@@ -49,3 +52,38 @@ def test_tensor_split_greedy_tokens_match_layer_split(tiny_model: Path) -> None:
         with Llama(tiny_model, n_ctx=256, split_mode=sm) as llm:
             outs.append(list(llm.generate(llm.tokenize("abc"), max_tokens=16, temperature=0.0, stop_on_eog=False)))
     assert outs[0] == outs[1]
+
+
+def test_a_step_is_awaited_without_the_gil(small_model: Path) -> None:
+    """decode_batch_sample_end() waits for a step left running on the GPU with the GIL released, so another
+    Python thread runs meanwhile (a server's HTTP thread streams while the engine waits for its step)."""
+    n = 16384  # one ubatch long enough that the GPU is still computing when the wait starts
+    model = _llama.Model.load(small_model, n_gpu_layers=-1, split_mode="none")
+    ctx = _llama.Context(model, n_ctx=n, n_batch=n, n_ubatch=n, n_seq_max=1, flash_attn="on")
+    smp = _llama.Sampler(model, SamplingParams(temperature=0.0))
+    counts = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            counts[0] += 1
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    try:
+        c0 = counts[0]
+        time.sleep(0.05)  # the GIL free: the spinning thread's own rate
+        rate = (counts[0] - c0) / 0.05
+        prompt = list(np.random.default_rng(0).integers(0, model.n_vocab, n))
+        ctx.decode_batch_sample_begin([(0, prompt, smp, None)])
+        c0, t0 = counts[0], time.perf_counter()
+        ctx.decode_batch_sample_end()
+        waited, spun = time.perf_counter() - t0, counts[0] - c0
+    finally:
+        stop.set()
+        thread.join()
+        smp.free()
+        ctx.free()
+        model.free()
+    assert waited > 1e-3, "the step ended before the wait began: nothing measured"
+    assert spun > 0.3 * rate * waited, (spun, rate, waited)

@@ -367,9 +367,9 @@ def test_a_long_prompt_does_not_stall_a_generation(tiny_model: Path) -> None:
                 ended[name].set()
         return emit
 
-    def on_step(step: Step) -> None:  # on the engine thread, between steps
+    def on_step(step: Step) -> None:  # on the engine thread, once the next step runs
         steps.append(step)
-        if len(steps) == 2:  # a is generating: b arrives
+        if len(steps) == 2:  # a is generating (the third step runs): b arrives
             engine.submit(Job(b_prompt, sink("b"), max_tokens=4, sampling=GREEDY))
 
     engine = Engine(ctx, on_step=on_step)
@@ -382,8 +382,8 @@ def test_a_long_prompt_does_not_stall_a_generation(tiny_model: Path) -> None:
         ctx.free()
         model.free()
     assert steps[0].items == ((0, 20, "prefill"),)  # alone: the whole prompt in one step
-    assert steps[1].items == ((0, 1, "generate"),)
-    prefill = [dict((slot, (n, kind)) for slot, n, kind in s.items) for s in steps[2:2 + 13]]
+    assert steps[1].items == steps[2].items == ((0, 1, "generate"),)
+    prefill = [dict((slot, (n, kind)) for slot, n, kind in s.items) for s in steps[3:3 + 13]]
     assert prefill == [{0: (1, "generate"), 1: (16, "prefill")}] * 12 + [{0: (1, "generate"), 1: (8, "prefill")}]
     assert "".join(texts["a"]) == want_a[0] and "".join(texts["b"]) == want_b[0]
 

@@ -244,6 +244,9 @@ cdef class Context:
             if rc != 0:  # a lost RPC server is the cause to report
                 _check_rpc_servers(self.model.rpc_servers, "decode")
             _check_decode(rc, "decode")
+            if all_logits or done + chunk == n:  # outputs to read: llama_get_logits_ith would wait holding the GIL
+                with nogil:
+                    llama_synchronize(self.ptr)
             for i in range(chunk):
                 if self.batch.logits[i]:
                     src = llama_get_logits_ith(self.ptr, i)
@@ -356,6 +359,8 @@ cdef class Context:
         self._check_open()
         if not 0 <= n_top <= MAX_LOGPROBS:
             raise ValueError(f"n_top must be in [0, {MAX_LOGPROBS}], got {n_top}")
+        with nogil:  # after prefill() the devices may still compute: wait without the GIL
+            llama_synchronize(self.ptr)
         cdef const float * row = llama_get_logits_ith(self.ptr, idx)
         if row == NULL:
             raise IndexError(f"no logits for output {idx}")
@@ -471,6 +476,9 @@ cdef class Context:
                     return None
                 self._sample_outputs(rows, start, n, samplers, tops, out, n_vocab)
                 continue
+            if rows_np[start:start + n].max() >= 0:  # outputs to read: wait for them without the GIL, as decode()
+                with nogil:
+                    llama_synchronize(self.ptr)
             for i in range(n):
                 if rows[start + i] >= 0:
                     src = llama_get_logits_ith(self.ptr, i)
@@ -499,6 +507,10 @@ cdef class Context:
         try:
             if chains == NULL or grammars == NULL or curs == NULL or srcs == NULL or picked == NULL or at == NULL:
                 raise MemoryError()
+            # wait for the devices without the GIL (llama_get_logits_ith would wait holding it, and a server's
+            # HTTP thread could not run for the whole step)
+            with nogil:
+                llama_synchronize(self.ptr)
             for i in range(n):
                 if rows[start + i] < 0:
                     continue
@@ -557,6 +569,8 @@ cdef class Context:
         """Zero-copy view of output i of the last llama_decode; valid until the next decode."""
         self._check_open()
         cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        with nogil:
+            llama_synchronize(self.ptr)
         cdef float * src = llama_get_logits_ith(self.ptr, i)
         if src == NULL:
             raise IndexError(f"no logits for output {i}")

@@ -137,6 +137,9 @@ def listening_socket(host: str, port_: int) -> socket.socket:
     return sock
 
 
+ENGINE_SWITCH_INTERVAL_S = 2e-4
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 after a clean shutdown (SIGINT or SIGTERM while serving), 1 when it cannot start,
     2 bad arguments, 130 Ctrl-C while starting."""
@@ -229,6 +232,9 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket, model_params:
                          shutdown_grace=ns.shutdown_grace, embeddings=embedder, defaults=defaults,
                          slots_endpoint=ns.slots, metrics_endpoint=ns.metrics, cors_origins=ns.cors_origins)
         host, bound = sock.getsockname()[:2]
+        # The engine thread comes back from each step needing the GIL while the HTTP thread streams: waiting out
+        # Python's default 5 ms switch interval there would leave the devices idle for it
+        sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         engine.start()
         try:
             log.info("%s: %d slots of %d tokens, n_batch %d, n_ubatch %d, chat template %s", model_id,

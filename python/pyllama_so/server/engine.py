@@ -331,8 +331,8 @@ class Engine:
     submit() a Job; it waits in a queue of at most queue_size jobs beyond the free slots (QueueFull
     after that) until a slot takes it. cancel() drops it wherever it is; a slot it held keeps what it
     evaluated. drain() starts a shutdown: no new jobs, and those accepted end within a grace period.
-    on_step, if given, is called on the engine thread after each step. The module docstring says which
-    thread may touch what.
+    on_step, if given, is called on the engine thread after each step (once the next one runs). The
+    module docstring says which thread may touch what.
     """
 
     def __init__(self, ctx: _llama.Context, *, queue_size: int = 64,
@@ -481,7 +481,10 @@ class Engine:
     def _step(self) -> bool:
         """End the running step, take waiting jobs, start the next step, stream the text of the one that
         ended. False when the engine stops."""
-        outs = self._end_step()
+        outs, ended = self._end_step()
+        if ended is not None and not outs and not any(s.job is not None for s in self._slots):
+            self._step_published(ended)  # before waiting for work: nothing runs meanwhile
+            ended = None
         with self._lock:
             while not (self._stopping or self._waiting or outs or any(s.job is not None for s in self._slots)):
                 self._lock.wait()
@@ -495,15 +498,23 @@ class Engine:
         if deadline is not None and now >= deadline:
             self._stream(outs)
             self._end_grace(now, taken)
-            self._publish()
+            self._step_published(ended)
             return True
         for job in sorted(taken, key=lambda j: j.id_slot is None):  # the jobs for one slot take theirs first
             self._admit(job)
         self._start_step()
-        self._stream(outs)  # while the step runs
-        if self._running is None:  # idle now: what cancels and admissions changed is in no step's snapshot
-            self._publish()
+        # while the step runs: the snapshot of the one that ended, then its text
+        if ended is not None or self._running is None:  # idle: what cancels and admissions changed is in none
+            self._step_published(ended)
+        self._stream(outs)
         return True
+
+    def _step_published(self, ended: Step | None) -> None:
+        """Publish the slots as the step that ended left them (and as admissions since changed them), then
+        tell on_step."""
+        self._publish()
+        if ended is not None and self.on_step is not None:
+            self.on_step(ended)
 
     def _start_step(self) -> None:
         """Start a llama_decode of the next token of every slot that goes on and pieces of the prompts:
@@ -540,13 +551,14 @@ class Engine:
         self._running, self._running_kinds, self._t_step_start = items, kinds, t0
         self._running_busy = len(busy)
 
-    def _end_step(self) -> list[tuple[Slot, Job, tuple[int, float | None, Any], float]]:
+    def _end_step(self) -> tuple[list[tuple[Slot, Job, tuple[int, float | None, Any], float]], Step | None]:
         """Wait for the running step (if any) and take its outputs: the slots' tokens and prompt progress,
         and from each sampled token whether its slot goes on. Returns the outputs whose text is to be
-        streamed: (slot, job, (token, logprob, top), time)."""
+        streamed, (slot, job, (token, logprob, top), time), and the Step that ended, which the caller
+        publishes once the next one runs (the devices do not wait for the snapshot)."""
         items, self._running = self._running, None
         if items is None:
-            return []
+            return [], None
         try:
             sampled = self.ctx.decode_batch_sample_end()
         except (_llama.LlamaError, ValueError) as e:
@@ -559,7 +571,7 @@ class Engine:
                 if s.job is job:
                     self._fail(s, f"decode failed: {error}")
             self._publish()
-            return []
+            return [], None
         self._split_overlap = self.ctx.split_overlap_stats()
         outs = []
         for (s, job, toks, want), out in zip(items, sampled):
@@ -585,10 +597,7 @@ class Engine:
         self._last_step = step
         self._done = replace(self._done, busy_slot_steps=self._done.busy_slot_steps + self._running_busy,
                              n_tokens_max=max(self._done.n_tokens_max, *(len(s.tokens) for s in self._slots)))
-        self._publish()
-        if self.on_step is not None:
-            self.on_step(step)
-        return outs
+        return outs, step
 
     def _publish(self) -> None:
         """Replace the snapshot that snapshot() returns (one reference: readers see the old or the new)."""
