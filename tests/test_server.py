@@ -426,6 +426,10 @@ def test_a_snapshot_shows_whole_steps(tiny_model: Path) -> None:
     assert final["steps"] == len(published) - 1
     assert final["last_step"]["host_ms"] == final["step_host_ms"]["last"] > 0
     assert final["step_host_ms"]["mean"] > 0
+    phases = final["step_phase_ms"]
+    assert list(phases) == ["host", "issue", "stream", "wait"] and phases["host"] == final["step_host_ms"]["mean"]
+    step = final["last_step"]
+    assert step["ms"] == pytest.approx(sum(step[k] for k in ("issue_ms", "stream_ms", "wait_ms")), abs=2e-3)
 
 
 def test_load_64_requests_from_8_clients(server: Server, llm: Llama) -> None:

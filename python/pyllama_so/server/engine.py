@@ -253,14 +253,22 @@ class Slot:
 @dataclass(frozen=True)
 class Step:
     """One llama_decode call: (slot id, tokens, kind) per slot, kind "prefill" or "generate"; seconds from
-    starting it to its sampled outputs (the text of the step before is streamed meanwhile), host_seconds
-    the engine's work between the end of the step before and its start (reading the outputs, admitting,
-    building the batch): the time the devices wait for the host."""
+    starting it to its sampled outputs, host_seconds the engine's work between the end of the step before
+    and its start (reading the outputs, admitting, building the batch): the time the devices wait for the
+    host. seconds is issue_seconds (building the batch and llama_decode's return: graph, scheduling,
+    launches), stream_seconds (while it runs: the snapshot and the text of the step before) and
+    wait_seconds (for the devices, then sampling its rows)."""
 
     index: int
     items: tuple[tuple[int, int, str], ...]
     seconds: float
     host_seconds: float = 0.0
+    issue_seconds: float = 0.0
+    stream_seconds: float = 0.0
+    wait_seconds: float = 0.0
+
+
+STEP_PHASES = ("host", "issue", "stream", "wait")  # Step's *_seconds, as /engine's step_phase_ms names them
 
 
 @dataclass(frozen=True)
@@ -293,6 +301,7 @@ class EngineSnapshot:
     last_step: Step | None
     step_host_ms_mean: float
     split_overlap: dict[str, Any]  # a fresh dict from the context, never changed after
+    step_phase_ms_mean: tuple[tuple[str, float], ...] = ()  # (phase of STEP_PHASES, mean ms per step)
     counters: Counters = Counters()
     waiting: int = 0
     queue_size: int = 0
@@ -310,9 +319,11 @@ class EngineSnapshot:
             "steps_by_slots": {str(k): v for k, v in self.steps_by_slots},
             "last_step": None if step is None else {
                 "items": [{"slot": s, "tokens": n, "kind": k} for s, n, k in step.items],
-                "ms": round(1e3 * step.seconds, 3), "host_ms": round(1e3 * step.host_seconds, 3)},
+                "ms": round(1e3 * step.seconds, 3), "host_ms": round(1e3 * step.host_seconds, 3),
+                **{f"{k}_ms": round(1e3 * getattr(step, f"{k}_seconds"), 3) for k in STEP_PHASES[1:]}},
             "step_host_ms": {"last": None if step is None else round(1e3 * step.host_seconds, 3),
                              "mean": round(self.step_host_ms_mean, 3)},
+            "step_phase_ms": {k: round(v, 3) for k, v in self.step_phase_ms_mean},
             "split_overlap": copy.deepcopy(self.split_overlap),
             "running": self.running, "accepting": self.accepting, "error": self.error,
         }
@@ -351,12 +362,14 @@ class Engine:
         self._slots = [Slot(i) for i in range(self.n_slots)]
         self._steps = 0
         self._steps_by_slots: dict[int, int] = {}  # how many steps decoded 1, 2, ... slots together
-        self._host_seconds = 0.0  # of all steps
+        self._phase_seconds = dict.fromkeys(STEP_PHASES, 0.0)  # of all steps
         self._last_step: Step | None = None
         self._running: list[tuple[Slot, Job, list[int], bool]] | None = None  # the step on the devices
         self._running_kinds: tuple[tuple[int, int, str], ...] = ()  # its Step.items
         self._running_busy = 0  # slots holding a job when it started
         self._t_step_start = 0.0  # of the running step
+        self._t_issued = 0.0  # when its llama_decode returned
+        self._issue_seconds = 0.0  # its start to then
         self._t_step_end: float | None = None  # of the last step that ended
         self._free_after_step: list[_llama.Sampler] = []  # of slots released while their step runs
         self._split_overlap = ctx.split_overlap_stats()
@@ -546,6 +559,8 @@ class Engine:
                 self._fail(s, f"decode failed: {e}")
             self._publish()
             return
+        self._t_issued = time.perf_counter()
+        self._issue_seconds = self._t_issued - t0
         for s, _, _, _ in items:
             s.in_step = True
         self._running, self._running_kinds, self._t_step_start = items, kinds, t0
@@ -559,6 +574,7 @@ class Engine:
         items, self._running = self._running, None
         if items is None:
             return [], None
+        t_wait = time.perf_counter()
         try:
             sampled = self.ctx.decode_batch_sample_end()
         except (_llama.LlamaError, ValueError) as e:
@@ -589,11 +605,13 @@ class Engine:
                 outs.append((s, job, out, t1))
         # the host's gap between the end of the step before and this one's start (0 for the first)
         host = self._t_step_start - self._t_step_end if self._t_step_end is not None else 0.0
-        step = Step(self._steps, self._running_kinds, t1 - self._t_step_start, max(host, 0.0))
+        step = Step(self._steps, self._running_kinds, t1 - self._t_step_start, max(host, 0.0),
+                    issue_seconds=self._issue_seconds, stream_seconds=t_wait - self._t_issued, wait_seconds=t1 - t_wait)
         self._t_step_end = t1
         self._steps += 1
         self._steps_by_slots[len(items)] = self._steps_by_slots.get(len(items), 0) + 1
-        self._host_seconds += step.host_seconds
+        for k in STEP_PHASES:
+            self._phase_seconds[k] += getattr(step, f"{k}_seconds")
         self._last_step = step
         self._done = replace(self._done, busy_slot_steps=self._done.busy_slot_steps + self._running_busy,
                              n_tokens_max=max(self._done.n_tokens_max, *(len(s.tokens) for s in self._slots)))
@@ -605,8 +623,10 @@ class Engine:
             slots=tuple(s.view() for s in self._slots), n_ctx_slot=self.n_ctx_slot, n_batch=self.n_batch,
             n_ubatch=self.n_ubatch, steps=self._steps, steps_by_slots=tuple(sorted(self._steps_by_slots.items())),
             last_step=self._last_step,
-            step_host_ms_mean=1e3 * self._host_seconds / self._steps if self._steps else 0.0,
+            step_host_ms_mean=1e3 * self._phase_seconds["host"] / self._steps if self._steps else 0.0,
             split_overlap=self._split_overlap,
+            step_phase_ms_mean=tuple((k, 1e3 * v / self._steps if self._steps else 0.0)
+                                     for k, v in self._phase_seconds.items()),
             counters=replace(self._done, decodes=self._steps,
                              prompt_tokens=sum(s.n_prompt_evaluated for s in self._slots),
                              prompt_cached=sum(s.n_prompt_cached for s in self._slots)))
