@@ -424,8 +424,9 @@ def test_a_snapshot_shows_whole_steps(tiny_model: Path) -> None:
     for n, seen in mid_step:
         assert seen == published[n - 1], n
     assert final["steps"] == len(published) - 1
-    assert final["last_step"]["host_ms"] == final["step_host_ms"]["last"] > 0
-    assert final["step_host_ms"]["mean"] > 0
+    # steps that follow one another start in C (no host gap to speak of); those that admit a job do not
+    assert final["last_step"]["host_ms"] == final["step_host_ms"]["last"] >= 0
+    assert 0 < final["steps_chained"] < final["steps"] and final["step_host_ms"]["mean"] >= 0
     phases = final["step_phase_ms"]
     assert list(phases) == ["host", "issue", "stream", "wait"] and phases["host"] == final["step_host_ms"]["mean"]
     step = final["last_step"]

@@ -113,9 +113,10 @@ cdef class Context:
 
     cdef void _release(self) noexcept:
         self.begun = None  # llama_free waits for the step still running
-        for smp in self.backend_samplers.values():
-            (<Sampler> smp).backend = None
-        self.backend_samplers.clear()
+        if self.backend_samplers:  # None when the garbage collector cleared a cycle holding the context
+            for smp in self.backend_samplers.values():
+                (<Sampler> smp).backend = None
+            self.backend_samplers.clear()
         if self.ptr != NULL:
             llama_free(self.ptr)
             self.ptr = NULL
@@ -401,6 +402,196 @@ cdef class Context:
         _check_rpc_servers(self.model.rpc_servers, "decode_batch_sample")
         return _per_item(items, out)
 
+    @cython.boundscheck(False)  # every index below is built in range before the GIL is released
+    @cython.wraparound(False)
+    def decode_batch_sample_chain(self, plan):
+        """End the step decode_batch_sample_begin() left running and begin the next one in the same call, with
+        no Python in between: the GIL is released from the wait for the devices, through sampling, to the
+        next llama_decode (a server's steady state: the next step holds the token each generating sequence
+        just sampled, so the devices do not wait for the caller's thread).
+
+        plan: the next step's items in order, (seq_id, tokens, sampler, n_logprobs, go_on) each, as
+        decode_batch_sample_begin() takes them but for tokens None: the token sampled for seq_id in the step
+        that ends, which goes in only if go_on is true and it is not an end-of-generation token (go_on is
+        ignored for other items). The next step must fit one llama_decode (n_batch tokens); the step that
+        ends must not ask for logprobs (the next decode replaces its logits).
+
+        Returns (outputs, started, t_sampled, t_launched, error): what decode_batch_sample_end() returns; the
+        items of the next step, which is left running, as decode_batch_sample_begin() would have got them
+        (empty: none started); the time.perf_counter() values when the rows were sampled and when the next
+        llama_decode was called (t_sampled when none started); and None, or the LlamaError of that
+        llama_decode, in which case started is empty."""
+        if self.ptr == NULL:
+            raise ValueError("the context is closed")
+        if self.begun is None:
+            raise RuntimeError("no step of decode_batch_sample_begin() is running")
+        items, rows_np, start, n, samplers, tops, out, vocab_size = self.begun
+        cdef int32_t n_vocab = vocab_size
+        if any(t is not None for t in tops):
+            raise ValueError("the running step asks for logprobs: end it with decode_batch_sample_end()")
+        for smp in samplers:
+            (<Sampler?> smp)._check_open()
+        row_of = {}  # seq_id -> its output row in the step that ends
+        for s, _, smp, _ in items:
+            if smp is not None:
+                row_of[int(s)] = len(row_of)
+        # the next step, checked before anything runs
+        plan = list(plan)
+        cdef uint32_t n_seq_max = llama_n_seq_max(self.ptr)
+        cdef int32_t n_ctx_seq = llama_n_ctx_seq(self.ptr)
+        cdef llama_memory_t mem = llama_get_memory(self.ptr)
+        ids = [int(e[0]) for e in plan]
+        if len(set(ids)) != len(ids) or not all(0 <= s < n_seq_max for s in ids):
+            raise ValueError(f"seq_ids must be distinct and in [0, {n_seq_max}): {ids}")
+        for e in plan:
+            if e[2] is not None:
+                (<Sampler?> e[2])._check_open()
+            if e[3] is not None:
+                check_logprobs(e[3], "n_logprobs")
+        cdef int32_t n_plan = len(plan), j, t, i, k = 0, m = 0, nb = 0, n_out = 0, rc = 0, n_rows = len(row_of)
+        arrays = [None if e[1] is None else np.asarray(self.model._tokens(e[1])) for e in plan]
+        for e, a in zip(plan, arrays):
+            if a is None and int(e[0]) not in row_of:
+                raise ValueError(f"seq_id {e[0]} has no sampled output in the running step to follow")
+            if a is not None and a.shape[0] == 0:
+                raise ValueError("every sequence needs at least one token")
+        lengths = np.array([1 if a is None else a.shape[0] for a in arrays], dtype=np.int32)
+        if int(lengths.sum()) > self.batch_cap:
+            raise ValueError(f"the next step has up to {int(lengths.sum())} tokens: more than n_batch "
+                             f"({self.batch_cap})")
+        pos0_np = np.array([llama_memory_seq_pos_max(mem, s) + 1 for s in ids], dtype=np.int32)
+        for s, held, new in zip(ids, pos0_np, lengths):
+            if held + new > n_ctx_seq:
+                raise ContextFullError(f"sequence {s}: {held} cached + {new} new tokens exceed its context of "
+                                       f"{n_ctx_seq} tokens")
+        cdef int32_t[::1] p_len = lengths
+        cdef int32_t[::1] p_pos = pos0_np
+        cdef int32_t[::1] p_seq = np.array(ids, dtype=np.int32)
+        cdef int32_t[::1] p_row = np.array([row_of[s] if a is None else -1 for s, a in zip(ids, arrays)],
+                                           dtype=np.int32)
+        cdef int32_t[::1] p_go = np.array([bool(e[4]) or a is not None for e, a in zip(plan, arrays)], dtype=np.int32)
+        cdef int32_t[::1] p_out = np.array([e[2] is not None for e in plan], dtype=np.int32)
+        flat = [a for a in arrays if a is not None]
+        cdef int32_t[::1] p_tok = np.concatenate(flat).astype(np.int32) if flat else np.zeros(1, dtype=np.int32)
+        cdef int32_t[::1] went = np.zeros(max(n_plan, 1), dtype=np.int32)
+        next_rows_np = np.full(max(int(lengths.sum()), 1), -1, dtype=np.int32)
+        cdef int32_t[::1] next_rows = next_rows_np
+        # the rows of the step that ends: its batch positions, chains and buffers
+        cdef const int32_t[::1] rows = rows_np
+        cdef llama_token * tok_of_row = <llama_token *> malloc(max(n_rows, 1) * sizeof(llama_token))
+        cdef llama_sampler ** chains = <llama_sampler **> malloc(max(n, 1) * sizeof(void *))
+        cdef llama_sampler ** grammars = <llama_sampler **> malloc(max(n, 1) * sizeof(void *))
+        cdef llama_token_data ** curs = <llama_token_data **> malloc(max(n, 1) * sizeof(void *))
+        cdef const float ** srcs = <const float **> malloc(max(n, 1) * sizeof(void *))
+        cdef llama_token * picked = <llama_token *> malloc(max(n, 1) * sizeof(llama_token))
+        cdef int32_t * at = <int32_t *> malloc(max(n, 1) * sizeof(int32_t))  # batch position of each row
+        cdef int32_t * row_at = <int32_t *> malloc(max(n, 1) * sizeof(int32_t))
+        cdef int32_t * on_backend = <int32_t *> malloc(max(n, 1) * sizeof(int32_t))
+        cdef llama_context * ctx = self.ptr
+        cdef const llama_vocab * vocab = self.model.vocab
+        cdef int n_threads = self.sampling_threads
+        cdef int32_t n_start = start
+        cdef int32_t n_rows_step = n
+        cdef int err = 0, off
+        cdef int64_t t_sampled = 0, t_launched = 0
+        cdef Sampler smp_c
+        self.begun = None  # from here on the step is consumed, whatever happens
+        try:
+            if (tok_of_row == NULL or chains == NULL or grammars == NULL or curs == NULL or srcs == NULL
+                    or picked == NULL or at == NULL or row_at == NULL or on_backend == NULL):
+                raise MemoryError()
+            for i in range(n_rows_step):
+                if rows[n_start + i] < 0:
+                    continue
+                smp_c = samplers[rows[n_start + i]]
+                chains[k], grammars[k], curs[k], at[k], row_at[k] = smp_c.chain, smp_c.grammar, smp_c.cur, i, rows[n_start + i]
+                on_backend[k] = smp_c.backend is not None
+                k += 1
+            with nogil:
+                llama_synchronize(ctx)
+                # chains in the graph one by one, then the others together (as _sample_outputs); srcs[i] stays in
+                # the order of the rows, so the first llama_get_logits_ith call happens before any pointer is kept
+                for i in range(k):
+                    if on_backend[i]:
+                        tok_of_row[row_at[i]] = llama_sampler_sample(chains[i], ctx, at[i])
+                        if tok_of_row[row_at[i]] == LLAMA_TOKEN_NULL:
+                            err = 1
+                        continue
+                    srcs[m] = llama_get_logits_ith(ctx, at[i])
+                    if srcs[m] == NULL:
+                        err = 1
+                        break
+                    chains[m], grammars[m], curs[m], row_at[m] = chains[i], grammars[i], curs[i], row_at[i]
+                    m += 1
+                if not err:
+                    _sample_rows(_sample_row, m, chains, grammars, curs, n_vocab, srcs, picked, n_threads)
+                    for i in range(m):
+                        tok_of_row[row_at[i]] = picked[i]
+                        if picked[i] == LLAMA_TOKEN_NULL:
+                            err = 2
+                t_sampled = _now_ns()
+                if not err:
+                    off = 0
+                    for j in range(n_plan):
+                        if p_row[j] >= 0:
+                            if not p_go[j] or llama_vocab_is_eog(vocab, tok_of_row[p_row[j]]):
+                                continue
+                            self.batch.token[nb] = tok_of_row[p_row[j]]
+                            self.batch.pos[nb] = p_pos[j]
+                            self.batch.n_seq_id[nb] = 1
+                            self.batch.seq_id[nb][0] = p_seq[j]
+                            self.batch.logits[nb] = 1
+                            next_rows[nb] = n_out
+                            n_out += 1
+                            nb += 1
+                        else:
+                            for t in range(p_len[j]):
+                                self.batch.token[nb] = p_tok[off + t]
+                                self.batch.pos[nb] = p_pos[j] + t
+                                self.batch.n_seq_id[nb] = 1
+                                self.batch.seq_id[nb][0] = p_seq[j]
+                                self.batch.logits[nb] = p_out[j] and t == p_len[j] - 1
+                                if self.batch.logits[nb]:
+                                    next_rows[nb] = n_out
+                                    n_out += 1
+                                nb += 1
+                            off += p_len[j]
+                        went[j] = 1
+                    self.batch.n_tokens = nb
+                    t_launched = _now_ns()
+                    if nb > 0:
+                        rc = llama_decode(ctx, self.batch)
+            if err == 1:
+                raise DecodeError("no logits for an output token")
+            if err == 2:
+                raise DecodeError("the sampler chain selected no token")
+            tok_by_row = [tok_of_row[r] for r in range(n_rows)]
+            for r in range(n_rows):
+                out[r] = (tok_by_row[r], None, None)
+            outputs = _per_item(items, out)
+        finally:
+            free(tok_of_row); free(chains); free(grammars); free(curs); free(srcs); free(picked); free(at)
+            free(row_at); free(on_backend)
+        _check_rpc_servers(self.model.rpc_servers, "decode_batch_sample")
+        started, error = [], None
+        if nb > 0:
+            try:
+                if rc != 0:
+                    _check_rpc_servers(self.model.rpc_servers, "decode_batch_sample")
+                _check_decode(rc, "decode_batch_sample")
+            except LlamaError as e:
+                error = e
+            else:
+                for j in range(n_plan):
+                    if went[j]:
+                        e = plan[j]
+                        started.append((e[0], [tok_by_row[p_row[j]]] if p_row[j] >= 0 else e[1], e[2], e[3]))
+                nxt = [x[2] for x in started if x[2] is not None]
+                self.begun = (started, next_rows_np[:nb].copy(), 0, nb, nxt, [x[3] for x in started if x[2] is not None],
+                              [None] * n_out, n_vocab)
+        t_s = t_sampled / 1e9
+        return outputs, started, t_s, (t_launched / 1e9 if nb > 0 else t_s), error
+
     def decode_sequences(self, seqs):
         """Append tokens to several sequences at once: the tokens of every sequence share each
         llama_decode call (n_batch at a time, in the order given), as a server batches its slots.
@@ -542,8 +733,9 @@ cdef class Context:
     def split_overlap_stats(self):
         """What split overlap did in this context: whether the two lanes exist (else why not), the lane
         of a decode call's first ubatch of >= 64 tokens, and per lane the ubatches, graph builds,
-        cross-lane waits and records."""
-        self._check_open()
+        cross-lane waits and records. Counters only: allowed while a step of decode_batch_sample_begin() runs."""
+        if self.ptr == NULL:
+            raise ValueError("the context is closed")
         cdef llama_split_overlap_stats st
         st.size = sizeof(llama_split_overlap_stats)
         if not llama_split_overlap_get_stats(self.ptr, &st):

@@ -302,6 +302,7 @@ class EngineSnapshot:
     step_host_ms_mean: float
     split_overlap: dict[str, Any]  # a fresh dict from the context, never changed after
     step_phase_ms_mean: tuple[tuple[str, float], ...] = ()  # (phase of STEP_PHASES, mean ms per step)
+    steps_chained: int = 0  # steps started in the call that ended the step before (no host gap)
     counters: Counters = Counters()
     waiting: int = 0
     queue_size: int = 0
@@ -315,7 +316,7 @@ class EngineSnapshot:
             "slots": [s.as_dict() for s in self.slots],
             "n_ctx_slot": self.n_ctx_slot, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
             "queue": {"waiting": self.waiting, "size": self.queue_size},
-            "steps": self.steps,
+            "steps": self.steps, "steps_chained": self.steps_chained,
             "steps_by_slots": {str(k): v for k, v in self.steps_by_slots},
             "last_step": None if step is None else {
                 "items": [{"slot": s, "tokens": n, "kind": k} for s, n, k in step.items],
@@ -347,10 +348,12 @@ class Engine:
     """
 
     def __init__(self, ctx: _llama.Context, *, queue_size: int = 64,
-                 on_step: Callable[[Step], None] | None = None, backend_sampling: bool = False) -> None:
+                 on_step: Callable[[Step], None] | None = None, backend_sampling: bool = False,
+                 chain_steps: bool = True) -> None:
         # fixed at construction: read from any thread
         self.ctx = ctx
         self.backend_sampling = backend_sampling  # slots' chains in the decode graph (Context.set_backend_sampler)
+        self.chain_steps = chain_steps  # a step that needs no admission starts in the call that ends the one before
         self.model = ctx.model
         self.n_batch = ctx.n_batch
         self.n_ubatch = ctx.n_ubatch
@@ -361,6 +364,7 @@ class Engine:
         # the engine thread's
         self._slots = [Slot(i) for i in range(self.n_slots)]
         self._steps = 0
+        self._chained = 0  # steps started by the call that ended the step before
         self._steps_by_slots: dict[int, int] = {}  # how many steps decoded 1, 2, ... slots together
         self._phase_seconds = dict.fromkeys(STEP_PHASES, 0.0)  # of all steps
         self._last_step: Step | None = None
@@ -494,6 +498,11 @@ class Engine:
     def _step(self) -> bool:
         """End the running step, take waiting jobs, start the next step, stream the text of the one that
         ended. False when the engine stops."""
+        if self._chainable():
+            outs, ended = self._chain_step()
+            self._step_published(ended)
+            self._stream(outs)
+            return True
         outs, ended = self._end_step()
         if ended is not None and not outs and not any(s.job is not None for s in self._slots):
             self._step_published(ended)  # before waiting for work: nothing runs meanwhile
@@ -529,20 +538,30 @@ class Engine:
         if ended is not None and self.on_step is not None:
             self.on_step(ended)
 
-    def _start_step(self) -> None:
-        """Start a llama_decode of the next token of every slot that goes on and pieces of the prompts:
-        while any slot generates, at most n_ubatch prompt tokens, else up to n_batch."""
-        busy = [s for s in self._slots if s.job is not None]
-        generating = [s for s in busy if s.state is SlotState.GENERATE and s.continues]
-        prefilling = sorted((s for s in busy if s.state is SlotState.PREFILL), key=lambda s: s.t_admitted)
-        budget = min(self.n_ubatch, self.n_batch - len(generating)) if generating else self.n_batch
-        items: list[tuple[Slot, Job, list[int], bool]] = [(s, s.job, [s.next_token], True) for s in generating]
-        for s in prefilling:
+    def _pieces(self, n_generating: int, in_step: Mapping[int, int]) -> list[tuple[Slot, Job, list[int], bool]]:
+        """The prompt pieces of the next step, in order of admission: while any slot generates (n_generating),
+        at most n_ubatch tokens, else up to n_batch. in_step: slot id -> its pending tokens already in the
+        running step. Each piece is (slot, job, tokens, whether it ends the prompt)."""
+        budget = min(self.n_ubatch, self.n_batch - n_generating) if n_generating else self.n_batch
+        pieces = []
+        for s in sorted((s for s in self._slots if s.job is not None and s.state is SlotState.PREFILL),
+                        key=lambda s: s.t_admitted):
+            rest = s.pending[in_step.get(s.id, 0):]
+            if not rest:  # its last piece is in the running step
+                continue
             if budget <= 0:
                 break
-            piece = s.pending[:budget]
+            piece = rest[:budget]
             budget -= len(piece)
-            items.append((s, s.job, piece, len(piece) == len(s.pending)))
+            pieces.append((s, s.job, piece, len(piece) == len(rest)))
+        return pieces
+
+    def _start_step(self) -> None:
+        """Start a llama_decode of the next token of every slot that goes on and pieces of the prompts."""
+        busy = [s for s in self._slots if s.job is not None]
+        generating = [s for s in busy if s.state is SlotState.GENERATE and s.continues]
+        items: list[tuple[Slot, Job, list[int], bool]] = [(s, s.job, [s.next_token], True) for s in generating]
+        items += self._pieces(len(generating), {})
         if not items:
             return
         # llama.cpp cuts a batch of several sequences (each with its own KV stream) into ubatches of
@@ -566,6 +585,77 @@ class Engine:
         self._running, self._running_kinds, self._t_step_start = items, kinds, t0
         self._running_busy = len(busy)
 
+    def _chainable(self) -> bool:
+        """Whether the running step can end and the next begin in one call (Context.decode_batch_sample_chain):
+        nothing to do between them on the context (no admission, cancel, shutdown) and no logprobs asked."""
+        running = self._running
+        if not self.chain_steps or running is None:
+            return False
+        if any(want and job.logprobs is not None for _, job, _, want in running):
+            return False
+        if any(s.job is not None and s.job.cancelled for s in self._slots):
+            return False
+        with self._lock:
+            return not (self._stopping or self._deadline is not None
+                        or (self._waiting and any(s.job is None for s in self._slots)))
+
+    def _chain_step(self) -> tuple[list[tuple[Slot, Job, tuple[int, float | None, Any], float]], Step | None]:
+        """End the running step and start the next in one call, with no Python in between: each slot that
+        sampled goes on unless its token ends it (the C side checks end-of-generation; the limits of _take are
+        known before), with the prompt pieces _start_step would add. Returns what _end_step does."""
+        items, self._running = self._running, None
+        assert items is not None
+        follow: list[tuple[Slot, Job]] = []
+        in_step: dict[int, int] = {}
+        for s, job, toks, want in items:
+            if s.job is not job:  # ended while the step ran
+                continue
+            if s.state is SlotState.PREFILL:
+                in_step[s.id] = len(toks)
+            # _take's limits for the token being sampled: max_tokens and the end of the slot's context
+            if want and (job.max_tokens is None or s.n_sampled + 1 < job.max_tokens) \
+                    and len(s.tokens) + len(toks) < self.n_ctx_slot:
+                follow.append((s, job))
+        plan = [(s, job, None, True) for s, job in follow] + self._pieces(len(follow), in_step)
+        plan.sort(key=lambda item: item[0].id)  # as _start_step: the generated tokens share one ubatch
+        t_wait = time.perf_counter()
+        try:
+            sampled, started, t1, t_launch, error = self.ctx.decode_batch_sample_chain(
+                [(s.id, toks, s.sampler if want else None, job.logprobs, True) for s, job, toks, want in plan])
+        except (_llama.LlamaError, ValueError) as e:
+            try:  # a plan the context refused leaves the step running
+                self.ctx.decode_batch_sample_end()
+            except (_llama.LlamaError, ValueError, RuntimeError):
+                pass
+            self._step_ended(items)
+            for s, job, _, _ in items:
+                if s.job is job:
+                    self._fail(s, f"decode failed: {e}")
+            self._publish()
+            return [], None
+        t_return = time.perf_counter()
+        self._step_ended(items)
+        outs, ended = self._took(items, sampled, t_wait, t1)
+        by_slot = {s.id: (s, job, want) for s, job, _, want in plan}
+        went = [(by_slot[sid][0], by_slot[sid][1], list(toks), by_slot[sid][2]) for sid, toks, _, _ in started]
+        if {s.id for s, _, _, _ in went if s.state is SlotState.GENERATE} != \
+                {s.id for s, job, _, want in items if want and s.job is job and s.continues}:
+            raise RuntimeError("the chained step disagrees with the engine on which slots go on")
+        if error is not None:
+            for s, job, _, _ in plan:
+                if s.job is job and (s.state is SlotState.PREFILL or s.continues):
+                    self._fail(s, f"decode failed: {error}")
+            self._publish()
+        elif went:
+            for s, _, _, _ in went:
+                s.in_step = True
+            self._running, self._t_step_start, self._t_issued = went, t_launch, t_return
+            self._running_kinds = tuple((s.id, len(toks), s.state.value) for s, _, toks, _ in went)
+            self._issue_seconds = t_return - t_launch
+            self._running_busy = sum(s.job is not None for s in self._slots)
+            self._chained += 1
+        return outs, ended
+
     def _end_step(self) -> tuple[list[tuple[Slot, Job, tuple[int, float | None, Any], float]], Step | None]:
         """Wait for the running step (if any) and take its outputs: the slots' tokens and prompt progress,
         and from each sampled token whether its slot goes on. Returns the outputs whose text is to be
@@ -588,6 +678,11 @@ class Engine:
                     self._fail(s, f"decode failed: {error}")
             self._publish()
             return [], None
+        return self._took(items, sampled, t_wait, t1)
+
+    def _took(self, items: list[tuple[Slot, Job, list[int], bool]], sampled: list[Any], t_wait: float,
+              t1: float) -> tuple[list[tuple[Slot, Job, tuple[int, float | None, Any], float]], Step]:
+        """The outputs of the step of items, which ended at t1 (its wait began at t_wait): see _end_step."""
         self._split_overlap = self.ctx.split_overlap_stats()
         outs = []
         for (s, job, toks, want), out in zip(items, sampled):
@@ -627,6 +722,7 @@ class Engine:
             split_overlap=self._split_overlap,
             step_phase_ms_mean=tuple((k, 1e3 * v / self._steps if self._steps else 0.0)
                                      for k, v in self._phase_seconds.items()),
+            steps_chained=self._chained,
             counters=replace(self._done, decodes=self._steps,
                              prompt_tokens=sum(s.n_prompt_evaluated for s in self._slots),
                              prompt_cached=sum(s.n_prompt_cached for s in self._slots)))
