@@ -87,3 +87,39 @@ def test_a_step_is_awaited_without_the_gil(small_model: Path) -> None:
         model.free()
     assert waited > 1e-3, "the step ended before the wait began: nothing measured"
     assert spun > 0.3 * rate * waited, (spun, rate, waited)
+
+
+def test_chained_steps_sample_what_separate_steps_do(tiny_model: Path) -> None:
+    """decode_batch_sample_chain on a GPU (where llama_decode returns before the step is computed): the
+    tokens of steps begun and ended apart, greedy and seeded."""
+    model = _llama.Model.load(tiny_model, n_gpu_layers=-1, split_mode="none")
+    ctx = _llama.Context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=2)
+    prompts = [list(range(3, 20)), list(range(40, 90))]
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, seed=11)]
+    runs = []
+    try:
+        for chained in (False, True):
+            samplers = [_llama.Sampler(model, p) for p in params]
+            got: list[list[int]] = [[], []]
+            ctx.decode_batch_sample_begin([(i, p, samplers[i], None) for i, p in enumerate(prompts)])
+            for _ in range(12):
+                if chained:
+                    outs, started, *_, error = ctx.decode_batch_sample_chain(
+                        [(i, None, samplers[i], None, True) for i in range(2)])
+                    assert error is None and len(started) == 2
+                else:
+                    outs = ctx.decode_batch_sample_end()
+                for i, o in enumerate(outs):
+                    got[i].append(o[0])
+                if not chained:
+                    ctx.decode_batch_sample_begin([(i, [got[i][-1]], samplers[i], None) for i in range(2)])
+            for i, o in enumerate(ctx.decode_batch_sample_end()):
+                got[i].append(o[0])
+            runs.append(got)
+            for i, smp in enumerate(samplers):
+                smp.free()
+                ctx.truncate(0, i)
+    finally:
+        ctx.free()
+        model.free()
+    assert runs[0] == runs[1]

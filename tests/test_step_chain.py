@@ -46,7 +46,7 @@ def _run_apart(ctx: Any, samplers: list[Any], prompts: list[list[int]], steps: i
 
 def test_chained_steps_sample_what_separate_steps_do(tiny_model: Path, ctx: Any) -> None:
     model = ctx.model
-    prompts = [_prompt(1, 12), _prompt(2, 30)]
+    prompts = [_prompt(1, 12), _prompt(2, 60)]  # 72 tokens: the first row is sampled in the first of two calls
     params = [GREEDY, SamplingParams(temperature=0.9, top_k=50, seed=7)]
     ref_samplers = [_llama.Sampler(model, p) for p in params]
     want = _run_apart(ctx, ref_samplers, prompts, 10)

@@ -500,6 +500,8 @@ cdef class Context:
             if (tok_of_row == NULL or chains == NULL or grammars == NULL or curs == NULL or srcs == NULL
                     or picked == NULL or at == NULL or row_at == NULL or on_backend == NULL):
                 raise MemoryError()
+            for r in range(n_rows):  # rows of the step's earlier llama_decode calls are sampled already
+                tok_of_row[r] = LLAMA_TOKEN_NULL if out[r] is None else out[r][0]
             for i in range(n_rows_step):
                 if rows[n_start + i] < 0:
                     continue
@@ -567,7 +569,8 @@ cdef class Context:
                 raise DecodeError("the sampler chain selected no token")
             tok_by_row = [tok_of_row[r] for r in range(n_rows)]
             for r in range(n_rows):
-                out[r] = (tok_by_row[r], None, None)
+                if out[r] is None:
+                    out[r] = (tok_by_row[r], None, None)
             outputs = _per_item(items, out)
         finally:
             free(tok_of_row); free(chains); free(grammars); free(curs); free(srcs); free(picked); free(at)
