@@ -388,6 +388,31 @@ def test_a_long_prompt_does_not_stall_a_generation(tiny_model: Path) -> None:
     assert "".join(texts["a"]) == want_a[0] and "".join(texts["b"]) == want_b[0]
 
 
+def test_idle_time_is_not_host_time(tiny_model: Path) -> None:
+    """In the engine (no HTTP): a step after the engine waited for work counts its host time from the job's
+    arrival, not from the step before the wait (the devices waited for work, not for the host)."""
+    model = _llama.Model.load(tiny_model, n_gpu_layers=0)
+    ctx = _llama.Context(model, n_ctx=SLOT_CTX, n_batch=64, n_ubatch=16, n_seq_max=1, n_threads=2)
+    steps: list[Step] = []
+    ended = threading.Semaphore(0)
+    engine = Engine(ctx, on_step=steps.append)
+    engine.start()
+    try:
+        for seed in (21, 22):
+            n_before = len(steps)
+            engine.submit(Job(unique_tokens(seed, 12), lambda ev: None if isinstance(ev, Delta) else ended.release(),
+                              max_tokens=4, sampling=GREEDY))
+            assert ended.acquire(timeout=60)
+            time.sleep(0.5)  # idle
+        first_after_idle = steps[n_before]
+    finally:
+        engine.stop()
+        ctx.free()
+        model.free()
+    assert first_after_idle.items[0][2] == "prefill"
+    assert first_after_idle.host_seconds < 0.25, first_after_idle
+
+
 def test_a_snapshot_shows_whole_steps(tiny_model: Path) -> None:
     """In the engine (no HTTP): snapshot() read in the middle of a step (from a job's emit callback, which
     runs on the engine thread after a slot sampled) is the one published at the end of the step before,

@@ -508,8 +508,12 @@ class Engine:
             self._step_published(ended)  # before waiting for work: nothing runs meanwhile
             ended = None
         with self._lock:
+            idle = False
             while not (self._stopping or self._waiting or outs or any(s.job is not None for s in self._slots)):
                 self._lock.wait()
+                idle = True
+            if idle:  # the devices waited for work, not for the host: the next step's host time starts now
+                self._t_step_end = time.perf_counter()
             if self._stopping:
                 return False
             taken = self._take_jobs({s.id for s in self._slots if s.job is None})
