@@ -183,6 +183,17 @@ def test_completion_equals_llama(server: Server, llm: Llama, stream: bool) -> No
     assert got == want
 
 
+def test_completion_parses_special_tokens_in_the_prompt(server: Server, llm: Llama) -> None:
+    """Special-token text in a prompt is that token, as llama-server and llama-cpp-python's create_completion
+    tokenize it: "</s>" is the EOS id here, not four characters."""
+    prompt = "x</s>y"
+    special = llm.tokenize(prompt.encode(), special=True)
+    assert llm.token_eos() in special and len(special) < len(llm.tokenize(prompt.encode()))
+    out = server.client().completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
+    assert out.usage.prompt_tokens == len(special)
+    assert llm.create_completion(prompt, max_tokens=2, temperature=0)["usage"]["prompt_tokens"] == len(special)
+
+
 @pytest.mark.parametrize("max_tokens", [None, 0, -1])
 def test_completion_to_the_end_of_the_slot_equals_llama(server: Server, llm: Llama, max_tokens: int | None) -> None:
     """max_tokens null, 0 or negative: until the slot's context is full, as Llama (and llama-cpp-python's

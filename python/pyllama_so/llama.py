@@ -721,7 +721,9 @@ class Llama:
                     model_name: str | None, stopping_criteria: StoppingCriteria | None,
                     logits_processor: LogitsProcessor | None, grammar: str | LlamaGrammar | None,
                     sampling: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        prompt_tokens = self.tokenize(prompt) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
+        # special-token text (e.g. "<|im_start|>") is parsed, as llama-cpp-python and llama-server do
+        prompt_tokens = (self.tokenize(prompt, special=True) if isinstance(prompt, (str, bytes))
+                         else [int(t) for t in prompt])
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         prompt_len = len(prompt) if isinstance(prompt, str) else len(self._text(prompt_tokens).decode("utf-8", "replace"))

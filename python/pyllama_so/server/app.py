@@ -193,7 +193,8 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             text = body.prompt if isinstance(body.prompt, str) else str(body.prompt[0])
             if not text:  # it would tokenize to BOS alone
                 raise ApiError(400, "the prompt is empty", param="prompt")
-            prompt = await run_in_threadpool(lambda: model.tokenize(text).tolist())
+            # special-token text is parsed, as llama-server does
+            prompt = await run_in_threadpool(lambda: model.tokenize(text, parse_special=True).tolist())
         else:
             prompt = checked_ids(model, body.prompt, "prompt")  # type: ignore[arg-type]
         echo = model.detokenize_bytes(prompt).decode("utf-8", "replace") if body.echo else ""
