@@ -399,6 +399,43 @@ def test_a_long_prompt_does_not_stall_a_generation(tiny_model: Path) -> None:
     assert "".join(texts["a"]) == want_a[0] and "".join(texts["b"]) == want_b[0]
 
 
+@pytest.mark.parametrize("chunk", [8, 40])
+def test_prefill_chunk_sets_the_prompt_tokens_of_a_step_while_slots_generate(tiny_model: Path, chunk: int) -> None:
+    """prefill_chunk (--prefill-chunk) replaces n_ubatch as the prompt budget of a step with generating slots,
+    below or above it; the answers stay Llama's."""
+    a_prompt, b_prompt = unique_tokens(5, 20), unique_tokens(4, 200)
+    with Llama(tiny_model, n_ctx=SLOT_CTX, n_batch=64, n_ubatch=16, n_threads=2) as ref:
+        want_b = reference(ref, b_prompt, 4)
+    model = _llama.Model.load(tiny_model, n_gpu_layers=0)
+    ctx = _llama.Context(model, n_ctx=2 * SLOT_CTX, n_batch=64, n_ubatch=16, n_seq_max=2, n_threads=2)
+    steps: list[Step] = []
+    texts: list[str] = []
+    ended = threading.Semaphore(0)
+
+    def on_step(step: Step) -> None:
+        steps.append(step)
+        if len(steps) == 2:
+            engine.submit(Job(b_prompt, lambda ev: (texts.append(ev.text) if isinstance(ev, (Delta, Done)) else None,
+                                                    None if isinstance(ev, Delta) else ended.release()),
+                              max_tokens=4, sampling=GREEDY))
+
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        Engine(ctx, prefill_chunk=0)
+    engine = Engine(ctx, on_step=on_step, prefill_chunk=chunk)
+    engine.start()
+    try:
+        engine.submit(Job(a_prompt, lambda ev: None if isinstance(ev, Delta) else ended.release(), max_tokens=40,
+                          sampling=GREEDY))
+        assert ended.acquire(timeout=60) and ended.acquire(timeout=60)
+    finally:
+        engine.stop()
+        ctx.free()
+        model.free()
+    pieces = [n for st in steps for slot, n, kind in st.items if slot == 1 and kind == "prefill"]
+    assert pieces == [chunk] * (200 // chunk) + ([200 % chunk] if 200 % chunk else [])
+    assert "".join(texts) == want_b[0]
+
+
 def test_idle_time_is_not_host_time(tiny_model: Path) -> None:
     """In the engine (no HTTP): a step after the engine waited for work counts its host time from the job's
     arrival, not from the step before the wait (the devices waited for work, not for the host)."""

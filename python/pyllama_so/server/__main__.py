@@ -41,6 +41,10 @@ def parser() -> argparse.ArgumentParser:
                     metavar="N", help="slots: requests generated together (env LLAMA_ARG_N_PARALLEL; default 4)")
     ap.add_argument("--queue-size", type=A.non_negative_int, default="64", metavar="N",
                     help="requests that may wait for a slot; more get 503 (default 64)")
+    ap.add_argument("--prefill-chunk", type=A.positive_int, default=None, metavar="N",
+                    help="the most prompt tokens a step takes while slots generate: larger gives prompts more "
+                    "throughput, smaller keeps the generating streams' inter-token latency down (default: -ub; "
+                    "llama-server's schedule is -b)")
     ap.add_argument("--host", default=A.env_default("HOST", "127.0.0.1"),
                     help="address to listen on (env LLAMA_ARG_HOST; default 127.0.0.1, loopback only)")
     ap.add_argument("--port", type=A.tcp_port(0), default=A.env_default("PORT", "8080"),
@@ -224,7 +228,8 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket, model_params:
             log.warning("split overlap stays off: %s", lanes["reason"])
         embedder = (EmbeddingService.create(model, model_params, context_params, ns.pooling, ns.embd_normalize)
                     if ns.embedding else None)
-        engine = Engine(ctx, queue_size=ns.queue_size, backend_sampling=ns.backend_sampling)
+        engine = Engine(ctx, queue_size=ns.queue_size, backend_sampling=ns.backend_sampling,
+                        prefill_chunk=ns.prefill_chunk)
         model_id = ns.alias or path.name
         meta = {"path": str(path), "desc": model.desc, "n_params": model.n_params, "size": model.size,
                 "split_mode": ns.split_mode, "split_overlap": ns.split_overlap}

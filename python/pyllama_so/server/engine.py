@@ -2,8 +2,8 @@
 
 One thread owns the Context. Each step is one llama_decode call holding the next token of every
 generating slot and pieces of the prompts of prefilling slots: while any slot generates, at most
-n_ubatch prompt tokens (so a long prompt delays the running generations by about one ubatch per
-token, not by its whole prefill), otherwise up to n_batch, whose ubatches split overlap alternates
+prefill_chunk prompt tokens (n_ubatch by default: a long prompt delays the running generations by about
+one ubatch per token, not by its whole prefill), otherwise up to n_batch, whose ubatches split overlap alternates
 between its lanes. A slot keeps the tokens of its last request in its part of the KV cache; a request
 goes to the free slot holding the longest prefix of its prompt (or to the one it names, id_slot, once
 that is free), and only the rest is evaluated.
@@ -349,7 +349,7 @@ class Engine:
 
     def __init__(self, ctx: _llama.Context, *, queue_size: int = 64,
                  on_step: Callable[[Step], None] | None = None, backend_sampling: bool = False,
-                 chain_steps: bool = True) -> None:
+                 chain_steps: bool = True, prefill_chunk: int | None = None) -> None:
         # fixed at construction: read from any thread
         self.ctx = ctx
         self.backend_sampling = backend_sampling  # slots' chains in the decode graph (Context.set_backend_sampler)
@@ -357,6 +357,10 @@ class Engine:
         self.model = ctx.model
         self.n_batch = ctx.n_batch
         self.n_ubatch = ctx.n_ubatch
+        # the most prompt tokens of a step while slots generate (default n_ubatch)
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.prefill_chunk = min(ctx.n_ubatch if prefill_chunk is None else prefill_chunk, ctx.n_batch)
         self.n_ctx_slot = ctx.n_ctx_seq
         self.n_slots = ctx.n_seq_max
         self.queue_size = queue_size
@@ -544,9 +548,9 @@ class Engine:
 
     def _pieces(self, n_generating: int, in_step: Mapping[int, int]) -> list[tuple[Slot, Job, list[int], bool]]:
         """The prompt pieces of the next step, in order of admission: while any slot generates (n_generating),
-        at most n_ubatch tokens, else up to n_batch. in_step: slot id -> its pending tokens already in the
-        running step. Each piece is (slot, job, tokens, whether it ends the prompt)."""
-        budget = min(self.n_ubatch, self.n_batch - n_generating) if n_generating else self.n_batch
+        at most prefill_chunk tokens, else up to n_batch. in_step: slot id -> its pending tokens already in
+        the running step. Each piece is (slot, job, tokens, whether it ends the prompt)."""
+        budget = min(self.prefill_chunk, self.n_batch - n_generating) if n_generating else self.n_batch
         pieces = []
         for s in sorted((s for s in self._slots if s.job is not None and s.state is SlotState.PREFILL),
                         key=lambda s: s.t_admitted):
