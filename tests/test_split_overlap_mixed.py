@@ -249,3 +249,63 @@ def test_gpu_mixed_steps_give_the_bits_of_one_lane(arch: str, copy_engines: bool
         on, stats = _run(arch, True, False, devices=devices)
     assert stats["enabled"] and min(stats["ubatches"]) >= 5, stats
     assert _same(off, on, False)
+
+
+def _engine_tokens(arch: str, split_overlap: bool, chain: bool, delays_us: tuple[int, int] = (0, 0)) -> dict:
+    """SCHEDULE's requests through the server's Engine (every step begun and ended apart, or chained in C),
+    each arrival submitted from on_step so that the steps it lands in are the same in every run: each
+    request's generated tokens and how it finished."""
+    import threading
+
+    from pyllama_so.server.engine import Delta, Done, Engine, Job
+
+    model = testing.arch_model(arch, testing.arch_flags(arch)["moe_mandatory"], virtual_devices(2), "tensor")
+    ctx = _context(model, split_overlap)
+    got: dict[int, list] = {a.seq: [] for a in SCHEDULE}
+    ended = threading.Semaphore(0)
+
+    def job(a: Arrival) -> Job:
+        def emit(ev: object) -> None:
+            if isinstance(ev, (Delta, Done)):
+                got[a.seq] += list(ev.tokens)
+            if isinstance(ev, Done):
+                got[a.seq].append(ev.finish_reason)
+            if not isinstance(ev, Delta):
+                ended.release()
+        sampling = (SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) if a.seq % 2
+                    else SamplingParams(temperature=0.0))
+        return Job(_prompt(a.seq, a.n_prompt), emit, max_tokens=a.n_gen, sampling=sampling, seed=a.seq + 1)
+
+    def on_step(step: object) -> None:
+        for a in SCHEDULE:
+            if a.step and a.step == step.index + 1:  # type: ignore[attr-defined]
+                engine.submit(job(a))
+
+    engine = Engine(ctx, on_step=on_step, chain_steps=chain)
+    try:
+        for lane, delay in enumerate(delays_us):
+            if delay:
+                assert testing.delay_lane(ctx, lane, delay) == 2
+        engine.start()
+        engine.submit(job(SCHEDULE[0]))
+        for _ in SCHEDULE:
+            assert ended.acquire(timeout=120)
+        chained = engine.snapshot().steps_chained
+    finally:
+        engine.stop()
+        lanes = ctx.split_overlap_stats()["ubatches"]
+        ctx.free()
+        model.free()
+    assert (chained > 0) == chain
+    assert (min(lanes) > 0) == split_overlap, lanes  # with -so 1 both lanes ran ubatches
+    return got
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_chained_engine_steps_equal_separate_ones_under_split_overlap(arch: str) -> None:
+    """The engine's chained steps (decode_batch_sample_chain) over two CPU virtual devices with -so 1 and a slow
+    lane 0 give every request the tokens of steps begun and ended apart with -so 0, greedy and seeded."""
+    want = _engine_tokens(arch, False, False)
+    assert all(toks[-1] == "length" and len(toks) == a.n_gen + 1 for a, toks in zip(SCHEDULE, want.values()))
+    assert _engine_tokens(arch, True, True, (3000, 0)) == want
+    assert _engine_tokens(arch, True, False, (3000, 0)) == want
