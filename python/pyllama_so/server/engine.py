@@ -12,7 +12,9 @@ A step is left running on the devices while the thread streams the text of the s
 (Context.decode_batch_sample_begin/_end): whether a slot goes on is decided from its sampled token
 (end of generation, max_tokens, the end of its context) before the next step starts; a stop string,
 found in the text afterwards, ends the request at once, and the one token the slot had in the running
-step is decoded and dropped.
+step is decoded and dropped. When nothing is to be done on the context between two steps (no request to
+admit, none cancelled, no logprobs), one call ends a step and starts the next
+(Context.decode_batch_sample_chain), with no Python between them.
 
 Who may touch what (llama-server's split of a task queue from its results):
 - The engine thread owns the Context, the Slots and their Samplers and the step counters: only it
