@@ -413,8 +413,8 @@ cdef class Context:
         plan: the next step's items in order, (seq_id, tokens, sampler, n_logprobs, go_on) each, as
         decode_batch_sample_begin() takes them but for tokens None: the token sampled for seq_id in the step
         that ends, which goes in only if go_on is true and it is not an end-of-generation token (go_on is
-        ignored for other items). The next step must fit one llama_decode (n_batch tokens); the step that
-        ends must not ask for logprobs (the next decode replaces its logits).
+        ignored for other items). The next step must fit one llama_decode (n_batch tokens). The logprobs
+        the step that ends asks for are computed before the next decode replaces its logits.
 
         Returns (outputs, started, t_sampled, t_launched, error): what decode_batch_sample_end() returns; the
         items of the next step, which is left running, as decode_batch_sample_begin() would have got them
@@ -427,8 +427,6 @@ cdef class Context:
             raise RuntimeError("no step of decode_batch_sample_begin() is running")
         items, rows_np, start, n, samplers, tops, out, vocab_size = self.begun
         cdef int32_t n_vocab = vocab_size
-        if any(t is not None for t in tops):
-            raise ValueError("the running step asks for logprobs: end it with decode_batch_sample_end()")
         for smp in samplers:
             (<Sampler?> smp)._check_open()
         row_of = {}  # seq_id -> its output row in the step that ends
@@ -487,6 +485,18 @@ cdef class Context:
         cdef int32_t * at = <int32_t *> malloc(max(n, 1) * sizeof(int32_t))  # batch position of each row
         cdef int32_t * row_at = <int32_t *> malloc(max(n, 1) * sizeof(int32_t))
         cdef int32_t * on_backend = <int32_t *> malloc(max(n, 1) * sizeof(int32_t))
+        # the logprobs asked for, per output row: how many (-1: none), where in ids/vals, the row's log-sum-exp,
+        # its logit of the sampled token, how many of the top were found
+        top_n_np = np.array([-1 if x is None else int(x) for x in tops] or [-1], dtype=np.int32)
+        top_off_np = np.concatenate([[0], np.cumsum(np.maximum(top_n_np, 0))]).astype(np.int32)
+        cdef int32_t[::1] top_n = top_n_np
+        cdef int32_t[::1] top_off = top_off_np
+        cdef int32_t[::1] top_k = np.zeros(max(n_rows, 1), dtype=np.int32)
+        cdef double[::1] top_lse = np.zeros(max(n_rows, 1), dtype=np.float64)
+        cdef float[::1] tok_logit = np.zeros(max(n_rows, 1), dtype=np.float32)
+        cdef int32_t[::1] top_ids = np.zeros(max(int(top_off_np[-1]), 1), dtype=np.int32)
+        cdef float[::1] top_vals = np.zeros(max(int(top_off_np[-1]), 1), dtype=np.float32)
+        cdef int32_t row
         cdef llama_context * ctx = self.ptr
         cdef const llama_vocab * vocab = self.model.vocab
         cdef int n_threads = self.sampling_threads
@@ -528,9 +538,14 @@ cdef class Context:
                 if not err:
                     _sample_rows(_sample_row, m, chains, grammars, curs, n_vocab, srcs, picked, n_threads)
                     for i in range(m):
-                        tok_of_row[row_at[i]] = picked[i]
+                        row = row_at[i]
+                        tok_of_row[row] = picked[i]
                         if picked[i] == LLAMA_TOKEN_NULL:
                             err = 2
+                        elif top_n[row] >= 0:  # before the next decode replaces the row
+                            top_k[row] = _row_logprobs_into(srcs[i], n_vocab, top_n[row], &top_ids[top_off[row]],
+                                                            &top_vals[top_off[row]], &top_lse[row])
+                            tok_logit[row] = srcs[i][picked[i]]
                 t_sampled = _now_ns()
                 if not err:
                     off = 0
@@ -569,8 +584,13 @@ cdef class Context:
                 raise DecodeError("the sampler chain selected no token")
             tok_by_row = [tok_of_row[r] for r in range(n_rows)]
             for r in range(n_rows):
-                if out[r] is None:
+                if out[r] is not None:  # sampled by an earlier llama_decode call of the step
+                    continue
+                if top_n[r] < 0 or (<Sampler> samplers[r]).backend is not None:  # as _sample_outputs
                     out[r] = (tok_by_row[r], None, None)
+                else:
+                    out[r] = (tok_by_row[r],) + _logprobs_tuple(tok_logit[r], True, &top_ids[top_off[r]],
+                                                                &top_vals[top_off[r]], top_k[r], top_lse[r])
             outputs = _per_item(items, out)
         finally:
             free(tok_of_row); free(chains); free(grammars); free(curs); free(srcs); free(picked); free(at)

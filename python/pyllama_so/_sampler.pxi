@@ -326,35 +326,54 @@ cdef class Sampler:
             llama_sampler_reset(self.grammar)
 
 
-cdef tuple _row_logprobs(const float * row, int32_t n_vocab, llama_token token, int n_top):
-    """(log p(token), [(id, log p) of the n_top most likely, best first]) of a logits row: a log-sum-exp
-    over the row and a partial selection (one pass, n_top kept in order), no sort of the vocabulary."""
-    cdef int32_t * ids = <int32_t *> malloc(max(n_top, 1) * sizeof(int32_t))
-    cdef float * vals = <float *> malloc(max(n_top, 1) * sizeof(float))
+cdef int32_t _row_logprobs_into(const float * row, int32_t n_vocab, int n_top, int32_t * ids, float * vals,
+                                double * lse) noexcept nogil:
+    """The log-sum-exp of a logits row (*lse) and its n_top most likely tokens, best first, into ids and vals
+    (logits, not yet log-probabilities): one pass, n_top kept in order, no sort of the vocabulary. Returns
+    how many were kept (min(n_top, n_vocab))."""
     cdef int32_t i, j, k = 0
     cdef float m = -INFINITY, v
-    cdef double s = 0.0, lse
+    cdef double s = 0.0
+    for i in range(n_vocab):
+        if row[i] > m:
+            m = row[i]
+    for i in range(n_vocab):
+        v = row[i]
+        s += exp(v - m)
+        if n_top > 0 and (k < n_top or v > vals[k - 1]):
+            j = k if k < n_top else n_top - 1
+            while j > 0 and vals[j - 1] < v:  # equal values keep the lower id first
+                vals[j] = vals[j - 1]
+                ids[j] = ids[j - 1]
+                j -= 1
+            vals[j] = v
+            ids[j] = i
+            if k < n_top:
+                k += 1
+    lse[0] = m + log(s)
+    return k
+
+
+cdef tuple _logprobs_tuple(float token_logit, bint in_vocab, const int32_t * ids, const float * vals, int32_t k,
+                           double lse):
+    """_row_logprobs' result from what _row_logprobs_into found (token_logit: the row's logit of the token)."""
+    return (float(token_logit - lse) if in_vocab else None, [(ids[j], float(vals[j] - lse)) for j in range(k)])
+
+
+cdef tuple _row_logprobs(const float * row, int32_t n_vocab, llama_token token, int n_top):
+    """(log p(token), [(id, log p) of the n_top most likely, best first]) of a logits row: a log-sum-exp
+    over the row and a partial selection (_row_logprobs_into)."""
+    cdef int32_t * ids = <int32_t *> malloc(max(n_top, 1) * sizeof(int32_t))
+    cdef float * vals = <float *> malloc(max(n_top, 1) * sizeof(float))
+    cdef int32_t k
+    cdef double lse
+    cdef bint in_vocab = 0 <= token < n_vocab
     try:
+        if ids == NULL or vals == NULL:
+            raise MemoryError()
         with nogil:
-            for i in range(n_vocab):
-                if row[i] > m:
-                    m = row[i]
-            for i in range(n_vocab):
-                v = row[i]
-                s += exp(v - m)
-                if n_top > 0 and (k < n_top or v > vals[k - 1]):
-                    j = k if k < n_top else n_top - 1
-                    while j > 0 and vals[j - 1] < v:  # equal values keep the lower id first
-                        vals[j] = vals[j - 1]
-                        ids[j] = ids[j - 1]
-                        j -= 1
-                    vals[j] = v
-                    ids[j] = i
-                    if k < n_top:
-                        k += 1
-            lse = m + log(s)
-        return (float(row[token] - lse) if 0 <= token < n_vocab else None,
-                [(ids[j], float(vals[j] - lse)) for j in range(k)])
+            k = _row_logprobs_into(row, n_vocab, n_top, ids, vals, &lse)
+        return _logprobs_tuple(row[token] if in_vocab else 0.0, in_vocab, ids, vals, k, lse)
     finally:
         free(ids)
         free(vals)

@@ -13,7 +13,7 @@ A step is left running on the devices while the thread streams the text of the s
 (end of generation, max_tokens, the end of its context) before the next step starts; a stop string,
 found in the text afterwards, ends the request at once, and the one token the slot had in the running
 step is decoded and dropped. When nothing is to be done on the context between two steps (no request to
-admit, none cancelled, no logprobs), one call ends a step and starts the next
+admit, none cancelled), one call ends a step and starts the next
 (Context.decode_batch_sample_chain), with no Python between them.
 
 Who may touch what (llama-server's split of a task queue from its results):
@@ -597,11 +597,8 @@ class Engine:
 
     def _chainable(self) -> bool:
         """Whether the running step can end and the next begin in one call (Context.decode_batch_sample_chain):
-        nothing to do between them on the context (no admission, cancel, shutdown) and no logprobs asked."""
-        running = self._running
-        if not self.chain_steps or running is None:
-            return False
-        if any(want and job.logprobs is not None for _, job, _, want in running):
+        nothing to do between them on the context (no admission, cancel, shutdown)."""
+        if not self.chain_steps or self._running is None:
             return False
         if any(s.job is not None and s.job.cancelled for s in self._slots):
             return False
