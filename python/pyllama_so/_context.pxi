@@ -446,7 +446,7 @@ cdef class Context:
                 (<Sampler?> e[2])._check_open()
             if e[3] is not None:
                 check_logprobs(e[3], "n_logprobs")
-        cdef int32_t n_plan = len(plan), j, t, i, k = 0, m = 0, nb = 0, n_out = 0, rc = 0, n_rows = len(row_of)
+        cdef int32_t n_plan = len(plan), j, t, i, k, nb = 0, n_out = 0, rc = 0, n_rows = len(row_of)
         arrays = [None if e[1] is None else np.asarray(self.model._tokens(e[1])) for e in plan]
         for e, a in zip(plan, arrays):
             if a is None and int(e[0]) not in row_of:
@@ -474,127 +474,62 @@ cdef class Context:
         cdef int32_t[::1] went = np.zeros(max(n_plan, 1), dtype=np.int32)
         next_rows_np = np.full(max(int(lengths.sum()), 1), -1, dtype=np.int32)
         cdef int32_t[::1] next_rows = next_rows_np
-        # the rows of the step that ends: its batch positions, chains and buffers
+        # the rows of the step that ends (those its earlier llama_decode calls sampled are in out already)
         cdef const int32_t[::1] rows = rows_np
-        cdef llama_token * tok_of_row = <llama_token *> malloc(max(n_rows, 1) * sizeof(llama_token))
-        cdef llama_sampler ** chains = <llama_sampler **> malloc(max(n, 1) * sizeof(void *))
-        cdef llama_sampler ** grammars = <llama_sampler **> malloc(max(n, 1) * sizeof(void *))
-        cdef llama_token_data ** curs = <llama_token_data **> malloc(max(n, 1) * sizeof(void *))
-        cdef const float ** srcs = <const float **> malloc(max(n, 1) * sizeof(void *))
-        cdef llama_token * picked = <llama_token *> malloc(max(n, 1) * sizeof(llama_token))
-        cdef int32_t * at = <int32_t *> malloc(max(n, 1) * sizeof(int32_t))  # batch position of each row
-        cdef int32_t * row_at = <int32_t *> malloc(max(n, 1) * sizeof(int32_t))
-        cdef int32_t * on_backend = <int32_t *> malloc(max(n, 1) * sizeof(int32_t))
-        # the logprobs asked for, per output row: how many (-1: none), where in ids/vals, the row's log-sum-exp,
-        # its logit of the sampled token, how many of the top were found
-        top_n_np = np.array([-1 if x is None else int(x) for x in tops] or [-1], dtype=np.int32)
-        top_off_np = np.concatenate([[0], np.cumsum(np.maximum(top_n_np, 0))]).astype(np.int32)
-        cdef int32_t[::1] top_n = top_n_np
-        cdef int32_t[::1] top_off = top_off_np
-        cdef int32_t[::1] top_k = np.zeros(max(n_rows, 1), dtype=np.int32)
-        cdef double[::1] top_lse = np.zeros(max(n_rows, 1), dtype=np.float64)
-        cdef float[::1] tok_logit = np.zeros(max(n_rows, 1), dtype=np.float32)
-        cdef int32_t[::1] top_ids = np.zeros(max(int(top_off_np[-1]), 1), dtype=np.int32)
-        cdef float[::1] top_vals = np.zeros(max(int(top_off_np[-1]), 1), dtype=np.float32)
-        cdef int32_t row
+        here = [i for i in range(n) if rows[start + i] >= 0]
+        cdef _StepRows step_rows = _StepRows([(samplers[rows[start + i]], i, tops[rows[start + i]]) for i in here],
+                                             n_vocab)
+        cdef int32_t[::1] row_here = np.array([rows[start + i] for i in here] or [0], dtype=np.int32)
+        cdef int32_t n_here = len(here)
+        cdef int32_t[::1] tok_of_row = np.array([-1 if o is None else o[0] for o in out] or [0], dtype=np.int32)
         cdef llama_context * ctx = self.ptr
         cdef const llama_vocab * vocab = self.model.vocab
         cdef int n_threads = self.sampling_threads
-        cdef int32_t n_start = start
-        cdef int32_t n_rows_step = n
         cdef int err = 0, off
         cdef int64_t t_sampled = 0, t_launched = 0
-        cdef Sampler smp_c
         self.begun = None  # from here on the step is consumed, whatever happens
-        try:
-            if (tok_of_row == NULL or chains == NULL or grammars == NULL or curs == NULL or srcs == NULL
-                    or picked == NULL or at == NULL or row_at == NULL or on_backend == NULL):
-                raise MemoryError()
-            for r in range(n_rows):  # rows of the step's earlier llama_decode calls are sampled already
-                tok_of_row[r] = LLAMA_TOKEN_NULL if out[r] is None else out[r][0]
-            for i in range(n_rows_step):
-                if rows[n_start + i] < 0:
-                    continue
-                smp_c = samplers[rows[n_start + i]]
-                chains[k], grammars[k], curs[k], at[k], row_at[k] = smp_c.chain, smp_c.grammar, smp_c.cur, i, rows[n_start + i]
-                on_backend[k] = smp_c.backend is not None
-                k += 1
-            with nogil:
-                llama_synchronize(ctx)
-                # chains in the graph one by one, then the others together (as _sample_outputs); srcs[i] stays in
-                # the order of the rows, so the first llama_get_logits_ith call happens before any pointer is kept
-                for i in range(k):
-                    if on_backend[i]:
-                        tok_of_row[row_at[i]] = llama_sampler_sample(chains[i], ctx, at[i])
-                        if tok_of_row[row_at[i]] == LLAMA_TOKEN_NULL:
-                            err = 1
-                        continue
-                    srcs[m] = llama_get_logits_ith(ctx, at[i])
-                    if srcs[m] == NULL:
-                        err = 1
-                        break
-                    chains[m], grammars[m], curs[m], row_at[m] = chains[i], grammars[i], curs[i], row_at[i]
-                    m += 1
-                if not err:
-                    _sample_rows(_sample_row, m, chains, grammars, curs, n_vocab, srcs, picked, n_threads)
-                    for i in range(m):
-                        row = row_at[i]
-                        tok_of_row[row] = picked[i]
-                        if picked[i] == LLAMA_TOKEN_NULL:
-                            err = 2
-                        elif top_n[row] >= 0:  # before the next decode replaces the row
-                            top_k[row] = _row_logprobs_into(srcs[i], n_vocab, top_n[row], &top_ids[top_off[row]],
-                                                            &top_vals[top_off[row]], &top_lse[row])
-                            tok_logit[row] = srcs[i][picked[i]]
-                t_sampled = _now_ns()
-                if not err:
-                    off = 0
-                    for j in range(n_plan):
-                        if p_row[j] >= 0:
-                            if not p_go[j] or llama_vocab_is_eog(vocab, tok_of_row[p_row[j]]):
-                                continue
-                            self.batch.token[nb] = tok_of_row[p_row[j]]
-                            self.batch.pos[nb] = p_pos[j]
+        with nogil:
+            llama_synchronize(ctx)
+            err = step_rows.sample(ctx, n_threads)
+            t_sampled = _now_ns()
+            if not err:
+                for i in range(n_here):
+                    tok_of_row[row_here[i]] = step_rows.tok[i]
+                off = 0
+                for j in range(n_plan):
+                    if p_row[j] >= 0:
+                        if not p_go[j] or llama_vocab_is_eog(vocab, tok_of_row[p_row[j]]):
+                            continue
+                        self.batch.token[nb] = tok_of_row[p_row[j]]
+                        self.batch.pos[nb] = p_pos[j]
+                        self.batch.n_seq_id[nb] = 1
+                        self.batch.seq_id[nb][0] = p_seq[j]
+                        self.batch.logits[nb] = 1
+                        next_rows[nb] = n_out
+                        n_out += 1
+                        nb += 1
+                    else:
+                        for t in range(p_len[j]):
+                            self.batch.token[nb] = p_tok[off + t]
+                            self.batch.pos[nb] = p_pos[j] + t
                             self.batch.n_seq_id[nb] = 1
                             self.batch.seq_id[nb][0] = p_seq[j]
-                            self.batch.logits[nb] = 1
-                            next_rows[nb] = n_out
-                            n_out += 1
+                            self.batch.logits[nb] = p_out[j] and t == p_len[j] - 1
+                            if self.batch.logits[nb]:
+                                next_rows[nb] = n_out
+                                n_out += 1
                             nb += 1
-                        else:
-                            for t in range(p_len[j]):
-                                self.batch.token[nb] = p_tok[off + t]
-                                self.batch.pos[nb] = p_pos[j] + t
-                                self.batch.n_seq_id[nb] = 1
-                                self.batch.seq_id[nb][0] = p_seq[j]
-                                self.batch.logits[nb] = p_out[j] and t == p_len[j] - 1
-                                if self.batch.logits[nb]:
-                                    next_rows[nb] = n_out
-                                    n_out += 1
-                                nb += 1
-                            off += p_len[j]
-                        went[j] = 1
-                    self.batch.n_tokens = nb
-                    t_launched = _now_ns()
-                    if nb > 0:
-                        rc = llama_decode(ctx, self.batch)
-            if err == 1:
-                raise DecodeError("no logits for an output token")
-            if err == 2:
-                raise DecodeError("the sampler chain selected no token")
-            tok_by_row = [tok_of_row[r] for r in range(n_rows)]
-            for r in range(n_rows):
-                if out[r] is not None:  # sampled by an earlier llama_decode call of the step
-                    continue
-                if top_n[r] < 0 or (<Sampler> samplers[r]).backend is not None:  # as _sample_outputs
-                    out[r] = (tok_by_row[r], None, None)
-                else:
-                    out[r] = (tok_by_row[r],) + _logprobs_tuple(tok_logit[r], True, &top_ids[top_off[r]],
-                                                                &top_vals[top_off[r]], top_k[r], top_lse[r])
-            outputs = _per_item(items, out)
-        finally:
-            free(tok_of_row); free(chains); free(grammars); free(curs); free(srcs); free(picked); free(at)
-            free(row_at); free(on_backend)
+                        off += p_len[j]
+                    went[j] = 1
+                self.batch.n_tokens = nb
+                t_launched = _now_ns()
+                if nb > 0:
+                    rc = llama_decode(ctx, self.batch)
+        _check_sampled(err)
+        for k, i in enumerate(here):
+            out[rows[start + i]] = step_rows.output(k)
+        outputs = _per_item(items, out)
+        tok_by_row = [int(x) for x in tok_of_row[:n_rows]]
         _check_rpc_servers(self.model.rpc_servers, "decode_batch_sample")
         started, error = [], None
         if nb > 0:
@@ -707,51 +642,21 @@ cdef class Context:
     cdef _sample_outputs(self, const int32_t[::1] rows, int32_t start, int32_t n, list samplers, list tops,
                          list out, int32_t n_vocab):
         """Sample the output rows of the last llama_decode (batch positions [0, n), rows[start + i] the
-        output's index): chains in the graph one by one, the others together on several threads (each slot
-        has its own chain and buffer), then the logprobs asked for. out[row] = (token, logprob, top)."""
-        cdef int32_t i, k, m = 0
-        cdef Sampler smp
-        cdef llama_sampler ** chains = <llama_sampler **> malloc(max(n, 1) * sizeof(void *))
-        cdef llama_sampler ** grammars = <llama_sampler **> malloc(max(n, 1) * sizeof(void *))
-        cdef llama_token_data ** curs = <llama_token_data **> malloc(max(n, 1) * sizeof(void *))
-        cdef const float ** srcs = <const float **> malloc(max(n, 1) * sizeof(void *))
-        cdef llama_token * picked = <llama_token *> malloc(max(n, 1) * sizeof(llama_token))
-        cdef int32_t * at = <int32_t *> malloc(max(n, 1) * sizeof(int32_t))
-        cdef const float * src
-        try:
-            if chains == NULL or grammars == NULL or curs == NULL or srcs == NULL or picked == NULL or at == NULL:
-                raise MemoryError()
-            # wait for the devices without the GIL (llama_get_logits_ith would wait holding it, and a server's
-            # HTTP thread could not run for the whole step)
-            with nogil:
-                llama_synchronize(self.ptr)
-            for i in range(n):
-                if rows[start + i] < 0:
-                    continue
-                smp = samplers[rows[start + i]]
-                if smp.backend is not None:
-                    with nogil:
-                        picked[0] = smp._sample(self.ptr, i)
-                    if picked[0] == LLAMA_TOKEN_NULL:
-                        raise DecodeError("no logits for an output token")
-                    out[rows[start + i]] = (picked[0], None, None)
-                    continue
-                src = llama_get_logits_ith(self.ptr, i)  # serially: the first call may reorder the outputs
-                if src == NULL:
-                    raise DecodeError("no logits for an output token")
-                chains[m], grammars[m], curs[m], srcs[m], at[m] = smp.chain, smp.grammar, smp.cur, src, i
-                m += 1
-            with nogil:
-                _sample_rows(_sample_row, m, chains, grammars, curs, n_vocab, srcs, picked, self.sampling_threads)
-            for k in range(m):
-                if picked[k] == LLAMA_TOKEN_NULL:
-                    raise DecodeError("the sampler chain selected no token")
-                row = rows[start + at[k]]
-                top = tops[row]
-                out[row] = (picked[k],) + ((None, None) if top is None else
-                                           _row_logprobs(srcs[k], n_vocab, picked[k], top))
-        finally:
-            free(chains); free(grammars); free(curs); free(srcs); free(picked); free(at)
+        output's index) with _StepRows, the GIL released from the wait for the devices on (llama_get_logits_ith
+        would wait holding it, and a server's HTTP thread could not run meanwhile). out[row] = (token,
+        logprob, top)."""
+        cdef int32_t i, k
+        cdef int err
+        at = [i for i in range(n) if rows[start + i] >= 0]
+        cdef _StepRows step_rows = _StepRows([(samplers[rows[start + i]], i, tops[rows[start + i]]) for i in at],
+                                             n_vocab)
+        cdef int n_threads = self.sampling_threads
+        with nogil:
+            llama_synchronize(self.ptr)
+            err = step_rows.sample(self.ptr, n_threads)
+        _check_sampled(err)
+        for k, i in enumerate(at):
+            out[rows[start + i]] = step_rows.output(k)
 
     def split_overlap_stats(self):
         """What split overlap did in this context: whether the two lanes exist (else why not), the lane

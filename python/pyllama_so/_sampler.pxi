@@ -379,6 +379,127 @@ cdef tuple _row_logprobs(const float * row, int32_t n_vocab, llama_token token, 
         free(vals)
 
 
+cdef class _StepRows:
+    """The output rows of one llama_decode call, to sample: each row's chain (in the graph, or on the CPU with
+    its buffer) and batch position, and the logprobs it asks for. Built and read with the GIL; sample() runs
+    without it, so that a caller can go from the wait for the devices to its next llama_decode in C."""
+    cdef int32_t n, n_vocab
+    cdef llama_sampler ** chains
+    cdef llama_sampler ** grammars
+    cdef llama_token_data ** curs
+    cdef int32_t * at  # batch position
+    cdef int32_t * in_graph
+    cdef int32_t * top_n  # logprobs asked for; -1: none
+    cdef int32_t * top_off  # where a row's top tokens go in top_ids / top_vals
+    cdef int32_t * top_k  # how many were found
+    cdef int32_t * top_ids
+    cdef float * top_vals
+    cdef double * lse
+    cdef float * tok_logit
+    cdef llama_token * tok  # each row's token, after sample()
+    # sample()'s scratch: the rows sampled on the CPU, gathered for _sample_rows
+    cdef int32_t * cpu_row
+    cdef llama_sampler ** cpu_chains
+    cdef llama_sampler ** cpu_grammars
+    cdef llama_token_data ** cpu_curs
+    cdef const float ** srcs
+    cdef llama_token * picked
+
+    def __cinit__(self, list entries, int32_t n_vocab):
+        """entries: (Sampler, batch position, n_logprobs or None) per output row, in order."""
+        cdef int32_t i, total = 0, m = max(len(entries), 1)
+        cdef Sampler smp
+        self.n, self.n_vocab = len(entries), n_vocab
+        for _, _, top in entries:
+            total += 0 if top is None else top
+        self.chains = <llama_sampler **> malloc(m * sizeof(void *))
+        self.grammars = <llama_sampler **> malloc(m * sizeof(void *))
+        self.curs = <llama_token_data **> malloc(m * sizeof(void *))
+        self.at = <int32_t *> malloc(m * sizeof(int32_t))
+        self.in_graph = <int32_t *> malloc(m * sizeof(int32_t))
+        self.top_n = <int32_t *> malloc(m * sizeof(int32_t))
+        self.top_off = <int32_t *> malloc(m * sizeof(int32_t))
+        self.top_k = <int32_t *> malloc(m * sizeof(int32_t))
+        self.top_ids = <int32_t *> malloc(max(total, 1) * sizeof(int32_t))
+        self.top_vals = <float *> malloc(max(total, 1) * sizeof(float))
+        self.lse = <double *> malloc(m * sizeof(double))
+        self.tok_logit = <float *> malloc(m * sizeof(float))
+        self.tok = <llama_token *> malloc(m * sizeof(llama_token))
+        self.cpu_row = <int32_t *> malloc(m * sizeof(int32_t))
+        self.cpu_chains = <llama_sampler **> malloc(m * sizeof(void *))
+        self.cpu_grammars = <llama_sampler **> malloc(m * sizeof(void *))
+        self.cpu_curs = <llama_token_data **> malloc(m * sizeof(void *))
+        self.srcs = <const float **> malloc(m * sizeof(void *))
+        self.picked = <llama_token *> malloc(m * sizeof(llama_token))
+        if (self.chains == NULL or self.grammars == NULL or self.curs == NULL or self.at == NULL
+                or self.in_graph == NULL or self.top_n == NULL or self.top_off == NULL or self.top_k == NULL
+                or self.top_ids == NULL or self.top_vals == NULL or self.lse == NULL or self.tok_logit == NULL
+                or self.tok == NULL or self.cpu_row == NULL or self.cpu_chains == NULL or self.cpu_grammars == NULL
+                or self.cpu_curs == NULL or self.srcs == NULL or self.picked == NULL):
+            raise MemoryError()
+        total = 0
+        for i, (sampler, pos, top) in enumerate(entries):
+            smp = sampler
+            self.chains[i], self.grammars[i], self.curs[i], self.at[i] = smp.chain, smp.grammar, smp.cur, pos
+            self.in_graph[i] = smp.backend is not None
+            self.top_n[i] = -1 if top is None or smp.backend is not None else top  # the graph's draw has none
+            self.top_off[i] = total
+            self.top_k[i] = 0
+            total += max(self.top_n[i], 0)
+
+    def __dealloc__(self):
+        free(self.chains); free(self.grammars); free(self.curs); free(self.at); free(self.in_graph)
+        free(self.top_n); free(self.top_off); free(self.top_k); free(self.top_ids); free(self.top_vals)
+        free(self.lse); free(self.tok_logit); free(self.tok); free(self.cpu_row); free(self.cpu_chains)
+        free(self.cpu_grammars); free(self.cpu_curs); free(self.srcs); free(self.picked)
+
+    cdef int sample(self, llama_context * ctx, int n_threads) noexcept nogil:
+        """Sample every row of ctx's last decode (which must have finished: llama_synchronize): chains in the
+        graph one by one, the others together on n_threads threads, then the logprobs asked for, before the
+        next decode replaces the rows. 0, or 1 when a row has no logits, 2 when a chain selected no token."""
+        cdef int32_t i, j, m = 0
+        for i in range(self.n):
+            if self.in_graph[i]:
+                self.tok[i] = llama_sampler_sample(self.chains[i], ctx, self.at[i])
+                if self.tok[i] == LLAMA_TOKEN_NULL:
+                    return 1
+                continue
+            self.srcs[m] = llama_get_logits_ith(ctx, self.at[i])  # serially: the first call may reorder outputs
+            if self.srcs[m] == NULL:
+                return 1
+            self.cpu_row[m], self.cpu_chains[m] = i, self.chains[i]
+            self.cpu_grammars[m], self.cpu_curs[m] = self.grammars[i], self.curs[i]
+            m += 1
+        _sample_rows(_sample_row, m, self.cpu_chains, self.cpu_grammars, self.cpu_curs, self.n_vocab, self.srcs,
+                     self.picked, n_threads)
+        for j in range(m):
+            i = self.cpu_row[j]
+            self.tok[i] = self.picked[j]
+            if self.picked[j] == LLAMA_TOKEN_NULL:
+                return 2
+            if self.top_n[i] >= 0:
+                self.top_k[i] = _row_logprobs_into(self.srcs[j], self.n_vocab, self.top_n[i],
+                                                   &self.top_ids[self.top_off[i]], &self.top_vals[self.top_off[i]],
+                                                   &self.lse[i])
+                self.tok_logit[i] = self.srcs[j][self.picked[j]]
+        return 0
+
+    cdef tuple output(self, int32_t i):
+        """Row i's (token, log p(token), top) after sample(); (token, None, None) without logprobs."""
+        if self.top_n[i] < 0:
+            return (self.tok[i], None, None)
+        return (self.tok[i],) + _logprobs_tuple(self.tok_logit[i], True, &self.top_ids[self.top_off[i]],
+                                                &self.top_vals[self.top_off[i]], self.top_k[i], self.lse[i])
+
+
+cdef int _check_sampled(int err) except -1:
+    if err == 1:
+        raise DecodeError("no logits for an output token")
+    if err == 2:
+        raise DecodeError("the sampler chain selected no token")
+    return 0
+
+
 def check_logprobs(value, str name="logprobs"):
     """A logprobs / top_logprobs count: None or an int in [0, MAX_LOGPROBS]."""
     if value is None:
