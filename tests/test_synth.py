@@ -227,6 +227,20 @@ def test_quantized_tensor_types(model_dir: Path, wtype: str) -> None:
     assert all(chosen[n] in asked for n in blk if shapes[n][0] % 256 == 0), chosen
 
 
+def test_quantize_model_sets_the_embedding_and_output_types(tiny_model: Path, tmp_path: Path) -> None:
+    """token_embedding_type and output_tensor_type override llama.cpp's choice for those two tensors only."""
+    default, chosen = tmp_path / "default.gguf", tmp_path / "chosen.gguf"
+    quantize_model(tiny_model, default, "q8_0")
+    quantize_model(tiny_model, chosen, "q8_0", token_embedding_type="q4_0", output_tensor_type="Q5_0")
+    types = [{name: _GGML_TYPES[t][0] for name, _, t, _ in read_tensor_infos(p)[0]} for p in (default, chosen)]
+    assert types[0]["token_embd.weight"] == types[0]["output.weight"] == "q8_0"
+    assert types[1]["token_embd.weight"] == "q4_0" and types[1]["output.weight"] == "q5_0"
+    assert {k: v for k, v in types[1].items() if k not in ("token_embd.weight", "output.weight")} == \
+        {k: v for k, v in types[0].items() if k not in ("token_embd.weight", "output.weight")}
+    with pytest.raises(ValueError, match="unknown token_embedding_type 'q4_k'"):
+        quantize_model(tiny_model, tmp_path / "bad.gguf", "q8_0", token_embedding_type="q4_k")
+
+
 def test_bad_weight_type_is_a_value_error_and_one_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown weight type 'q4_k'"):
         synth.write_model(tmp_path / "m.gguf", "tiny", "q4_k")

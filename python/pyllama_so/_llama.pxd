@@ -230,6 +230,8 @@ cdef extern from "llama.h" nogil:
     ctypedef struct llama_model_quantize_params:
         int32_t nthread
         llama_ftype ftype
+        ggml_type output_tensor_type
+        ggml_type token_embedding_type
         bint allow_requantize
 
     const char * llama_version()

@@ -13,7 +13,8 @@ FTYPES = {
 }
 
 
-def quantize_model(src, dst, str ftype, int n_threads=0, bint allow_requantize=False):
+def quantize_model(src, dst, str ftype, int n_threads=0, bint allow_requantize=False, token_embedding_type=None,
+                   output_tensor_type=None):
     """Quantize the GGUF model file src into dst with llama.cpp's llama_model_quantize.
 
     ftype is a key of FTYPES ("q4_k_m", "q4_0", "q8_0", ...). llama.cpp chooses each tensor's type as
@@ -21,7 +22,10 @@ def quantize_model(src, dst, str ftype, int n_threads=0, bint allow_requantize=F
     tensors, and a tensor whose rows are not a whole number of the type's blocks gets a fallback type
     (Q4_K -> Q5_0, Q6_K -> Q8_0 for rows of 128). n_threads <= 0 uses every hardware thread.
     allow_requantize: also convert tensors that are quantized already (llama-quantize --allow-requantize),
-    e.g. to "f32" to dequantize a quantized model.
+    e.g. to "f32" to dequantize a quantized model. token_embedding_type, output_tensor_type: the type of
+    token_embd.weight and of output.weight instead of llama.cpp's choice (llama-quantize's
+    --token-embedding-type / --output-tensor-type), one of CACHE_TYPES' names: a model whose rows are not a
+    whole number of 256-blocks (Gemma 3 270M's 640) otherwise keeps its embeddings in Q8_0.
     """
     if ftype not in FTYPES:
         raise ValueError(f"unknown quantization type {ftype!r}; expected one of {list(FTYPES)}")
@@ -38,6 +42,10 @@ def quantize_model(src, dst, str ftype, int n_threads=0, bint allow_requantize=F
     p.nthread = n_threads
     p.ftype = <llama_ftype> <int> FTYPES[ftype]
     p.allow_requantize = allow_requantize
+    if token_embedding_type is not None:
+        p.token_embedding_type = CACHE_TYPES[cache_type_name(token_embedding_type, "token_embedding_type")]
+    if output_tensor_type is not None:
+        p.output_tensor_type = CACHE_TYPES[cache_type_name(output_tensor_type, "output_tensor_type")]
     cdef uint32_t rc
     _take_last_error()  # a stale message must not become this call's detail
     with nogil:
