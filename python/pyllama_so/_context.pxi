@@ -481,7 +481,8 @@ cdef class Context:
                                              n_vocab)
         cdef int32_t[::1] row_here = np.array([rows[start + i] for i in here] or [0], dtype=np.int32)
         cdef int32_t n_here = len(here)
-        cdef int32_t[::1] tok_of_row = np.array([-1 if o is None else o[0] for o in out] or [0], dtype=np.int32)
+        cdef int32_t[::1] tok_of_row = np.array([LLAMA_TOKEN_NULL if o is None else o[0] for o in out] or [0],
+                                                dtype=np.int32)
         cdef llama_context * ctx = self.ptr
         cdef const llama_vocab * vocab = self.model.vocab
         cdef int n_threads = self.sampling_threads
