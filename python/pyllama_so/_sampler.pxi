@@ -379,17 +379,19 @@ cdef tuple _row_logprobs(const float * row, int32_t n_vocab, llama_token token, 
         free(vals)
 
 
+cdef enum:
+    NO_LOGPROBS = -1  # _StepRows' top_n of a row that asks for none
+
+
 cdef class _StepRows:
-    """The output rows of one llama_decode call, to sample: each row's chain (in the graph, or on the CPU with
-    its buffer) and batch position, and the logprobs it asks for. Built and read with the GIL; sample() runs
-    without it, so that a caller can go from the wait for the devices to its next llama_decode in C."""
-    cdef int32_t n, n_vocab
-    cdef llama_sampler ** chains
-    cdef llama_sampler ** grammars
-    cdef llama_token_data ** curs
+    """The output rows of one llama_decode call, to sample: each row's batch position and chain (in the graph,
+    or one of the CPU rows, gathered in order for _sample_rows with their grammars and buffers), and the
+    logprobs it asks for. Built and read with the GIL; sample() runs without it, so that a caller can go from
+    the wait for the devices to its next llama_decode in C."""
+    cdef int32_t n, n_cpu, n_vocab
     cdef int32_t * at  # batch position
-    cdef int32_t * in_graph
-    cdef int32_t * top_n  # logprobs asked for; -1: none
+    cdef llama_sampler ** graph_chain  # the chain of a row sampled in the graph; NULL for a CPU row
+    cdef int32_t * top_n  # logprobs asked for; NO_LOGPROBS: none
     cdef int32_t * top_off  # where a row's top tokens go in top_ids / top_vals
     cdef int32_t * top_k  # how many were found
     cdef int32_t * top_ids
@@ -397,7 +399,7 @@ cdef class _StepRows:
     cdef double * lse
     cdef float * tok_logit
     cdef llama_token * tok  # each row's token, after sample()
-    # sample()'s scratch: the rows sampled on the CPU, gathered for _sample_rows
+    # the CPU rows, in order: their row, chain, grammar and candidates buffer; sample() fills srcs and picked
     cdef int32_t * cpu_row
     cdef llama_sampler ** cpu_chains
     cdef llama_sampler ** cpu_grammars
@@ -409,19 +411,17 @@ cdef class _StepRows:
         """entries: (Sampler, batch position, n_logprobs or None) per output row, in order."""
         cdef int32_t i, total = 0, m = max(len(entries), 1)
         cdef Sampler smp
-        self.n, self.n_vocab = len(entries), n_vocab
-        for _, _, top in entries:
-            total += 0 if top is None else top
-        self.chains = <llama_sampler **> malloc(m * sizeof(void *))
-        self.grammars = <llama_sampler **> malloc(m * sizeof(void *))
-        self.curs = <llama_token_data **> malloc(m * sizeof(void *))
+        # a draw in the graph has no logprobs
+        tops = [NO_LOGPROBS if top is None or (<Sampler?> smp_).backend is not None else top
+                for smp_, _, top in entries]
+        self.n, self.n_cpu, self.n_vocab = len(entries), 0, n_vocab
         self.at = <int32_t *> malloc(m * sizeof(int32_t))
-        self.in_graph = <int32_t *> malloc(m * sizeof(int32_t))
+        self.graph_chain = <llama_sampler **> malloc(m * sizeof(void *))
         self.top_n = <int32_t *> malloc(m * sizeof(int32_t))
         self.top_off = <int32_t *> malloc(m * sizeof(int32_t))
         self.top_k = <int32_t *> malloc(m * sizeof(int32_t))
-        self.top_ids = <int32_t *> malloc(max(total, 1) * sizeof(int32_t))
-        self.top_vals = <float *> malloc(max(total, 1) * sizeof(float))
+        self.top_ids = <int32_t *> malloc(max(sum(max(t, 0) for t in tops), 1) * sizeof(int32_t))
+        self.top_vals = <float *> malloc(max(sum(max(t, 0) for t in tops), 1) * sizeof(float))
         self.lse = <double *> malloc(m * sizeof(double))
         self.tok_logit = <float *> malloc(m * sizeof(float))
         self.tok = <llama_token *> malloc(m * sizeof(llama_token))
@@ -431,48 +431,45 @@ cdef class _StepRows:
         self.cpu_curs = <llama_token_data **> malloc(m * sizeof(void *))
         self.srcs = <const float **> malloc(m * sizeof(void *))
         self.picked = <llama_token *> malloc(m * sizeof(llama_token))
-        if (self.chains == NULL or self.grammars == NULL or self.curs == NULL or self.at == NULL
-                or self.in_graph == NULL or self.top_n == NULL or self.top_off == NULL or self.top_k == NULL
-                or self.top_ids == NULL or self.top_vals == NULL or self.lse == NULL or self.tok_logit == NULL
-                or self.tok == NULL or self.cpu_row == NULL or self.cpu_chains == NULL or self.cpu_grammars == NULL
-                or self.cpu_curs == NULL or self.srcs == NULL or self.picked == NULL):
+        if (self.at == NULL or self.graph_chain == NULL or self.top_n == NULL or self.top_off == NULL
+                or self.top_k == NULL or self.top_ids == NULL or self.top_vals == NULL or self.lse == NULL
+                or self.tok_logit == NULL or self.tok == NULL or self.cpu_row == NULL or self.cpu_chains == NULL
+                or self.cpu_grammars == NULL or self.cpu_curs == NULL or self.srcs == NULL or self.picked == NULL):
             raise MemoryError()
-        total = 0
-        for i, (sampler, pos, top) in enumerate(entries):
+        for i, (sampler, pos, _) in enumerate(entries):
             smp = sampler
-            self.chains[i], self.grammars[i], self.curs[i], self.at[i] = smp.chain, smp.grammar, smp.cur, pos
-            self.in_graph[i] = smp.backend is not None
-            self.top_n[i] = -1 if top is None or smp.backend is not None else top  # the graph's draw has none
-            self.top_off[i] = total
-            self.top_k[i] = 0
-            total += max(self.top_n[i], 0)
+            self.at[i], self.top_n[i], self.top_off[i], self.top_k[i] = pos, tops[i], total, 0
+            total += max(tops[i], 0)
+            self.graph_chain[i] = smp.chain if smp.backend is not None else NULL
+            if smp.backend is None:
+                self.cpu_row[self.n_cpu], self.cpu_chains[self.n_cpu] = i, smp.chain
+                self.cpu_grammars[self.n_cpu], self.cpu_curs[self.n_cpu] = smp.grammar, smp.cur
+                self.n_cpu += 1
 
     def __dealloc__(self):
-        free(self.chains); free(self.grammars); free(self.curs); free(self.at); free(self.in_graph)
-        free(self.top_n); free(self.top_off); free(self.top_k); free(self.top_ids); free(self.top_vals)
-        free(self.lse); free(self.tok_logit); free(self.tok); free(self.cpu_row); free(self.cpu_chains)
-        free(self.cpu_grammars); free(self.cpu_curs); free(self.srcs); free(self.picked)
+        free(self.at); free(self.graph_chain); free(self.top_n); free(self.top_off); free(self.top_k)
+        free(self.top_ids); free(self.top_vals); free(self.lse); free(self.tok_logit); free(self.tok)
+        free(self.cpu_row); free(self.cpu_chains); free(self.cpu_grammars); free(self.cpu_curs); free(self.srcs)
+        free(self.picked)
 
     cdef int sample(self, llama_context * ctx, int n_threads) noexcept nogil:
         """Sample every row of ctx's last decode (which must have finished: llama_synchronize): chains in the
         graph one by one, the others together on n_threads threads, then the logprobs asked for, before the
         next decode replaces the rows. 0, or 1 when a row has no logits, 2 when a chain selected no token."""
         cdef int32_t i, j, m = 0
-        for i in range(self.n):
-            if self.in_graph[i]:
-                self.tok[i] = llama_sampler_sample(self.chains[i], ctx, self.at[i])
+        for i in range(self.n):  # in row order: the first llama_get_logits_ith call may reorder the outputs
+            if self.graph_chain[i] != NULL:
+                self.tok[i] = llama_sampler_sample(self.graph_chain[i], ctx, self.at[i])
                 if self.tok[i] == LLAMA_TOKEN_NULL:
                     return 1
                 continue
-            self.srcs[m] = llama_get_logits_ith(ctx, self.at[i])  # serially: the first call may reorder outputs
+            self.srcs[m] = llama_get_logits_ith(ctx, self.at[i])
             if self.srcs[m] == NULL:
                 return 1
-            self.cpu_row[m], self.cpu_chains[m] = i, self.chains[i]
-            self.cpu_grammars[m], self.cpu_curs[m] = self.grammars[i], self.curs[i]
             m += 1
-        _sample_rows(_sample_row, m, self.cpu_chains, self.cpu_grammars, self.cpu_curs, self.n_vocab, self.srcs,
-                     self.picked, n_threads)
-        for j in range(m):
+        _sample_rows(_sample_row, self.n_cpu, self.cpu_chains, self.cpu_grammars, self.cpu_curs, self.n_vocab,
+                     self.srcs, self.picked, n_threads)
+        for j in range(self.n_cpu):
             i = self.cpu_row[j]
             self.tok[i] = self.picked[j]
             if self.picked[j] == LLAMA_TOKEN_NULL:

@@ -619,9 +619,8 @@ class Engine:
                 continue
             if s.state is SlotState.PREFILL:
                 in_step[s.id] = len(toks)
-            # _take's limits for the token being sampled: max_tokens and the end of the slot's context
-            if want and (job.max_tokens is None or s.n_sampled + 1 < job.max_tokens) \
-                    and len(s.tokens) + len(toks) < self.n_ctx_slot:
+            # _take's limits for the token being sampled, which the step's tokens precede in the cache
+            if want and self._within_limits(job, s.n_sampled + 1, len(s.tokens) + len(toks)):
                 follow.append((s, job))
         plan = [(s, job, None, True) for s, job in follow] + self._pieces(len(follow), in_step)
         plan.sort(key=lambda item: item[0].id)  # as _start_step: the generated tokens share one ubatch
@@ -811,10 +810,14 @@ class Engine:
             s.state, s.t_prompt_end = SlotState.GENERATE, now
         eog = self.model.is_eog(tok)
         s.n_sampled += not eog
-        s.continues = (not eog and (job.max_tokens is None or s.n_sampled < job.max_tokens)
-                       and len(s.tokens) < self.n_ctx_slot)
+        s.continues = not eog and self._within_limits(job, s.n_sampled, len(s.tokens))
         if s.continues:
             s.next_token = tok
+
+    def _within_limits(self, job: Job, n_sampled: int, n_cached: int) -> bool:
+        """Whether a slot whose job sampled n_sampled tokens (not counting end-of-generation ones) and whose cache
+        holds n_cached decodes its last token: below max_tokens and the end of the slot's context."""
+        return (job.max_tokens is None or n_sampled < job.max_tokens) and n_cached < self.n_ctx_slot
 
     def _stream(self, outs: list[tuple[Slot, Job, tuple[int, float | None, Any], float]]) -> None:
         """The text of sampled tokens, in order: emitted as it becomes final; a request ends at an
