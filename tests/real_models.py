@@ -64,13 +64,13 @@ class Result:
     generated: str | None
 
 
-def run_job(job: Job, tmp_path: Path, timeout: float = 600) -> Result:
-    """Run job in a fresh Python with 3 CPU virtual devices; fail the test with the worker's log when it exits
-    badly (naming the signal for an abort)."""
+def run_job(job: Job, tmp_path: Path, timeout: float = 600, env: dict[str, str] | None = None) -> Result:
+    """Run job in a fresh Python with 3 CPU virtual devices (and env's variables); fail the test with the worker's
+    log when it exits badly (naming the signal for an abort)."""
     out = tmp_path / f"job-{os.getpid()}-{len(list(tmp_path.iterdir()))}.npz"
     # no gdb backtrace on an abort: the assertion's line is what the failure shows
-    env = {**os.environ, "GGML_CPU_VIRTUAL_DEVICES": "3", "GGML_NO_BACKTRACE": "1"}
-    res = subprocess.run([sys.executable, str(WORKER), json.dumps(asdict(job)), str(out)], env=env,
+    full_env = {**os.environ, "GGML_CPU_VIRTUAL_DEVICES": "3", "GGML_NO_BACKTRACE": "1", **(env or {})}
+    res = subprocess.run([sys.executable, str(WORKER), json.dumps(asdict(job)), str(out)], env=full_env,
                          capture_output=True, text=True, timeout=timeout)
     if res.returncode != 0:
         how = (f"killed by {signal.Signals(-res.returncode).name}" if res.returncode < 0
