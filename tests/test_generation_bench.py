@@ -22,7 +22,7 @@ def test_reports_every_rate_and_ratio(tiny_model: Path, tmp_path: Path) -> None:
     assert c["ratio_default_over_greedy"] == c["default"]["mean"] / c["greedy"]["mean"]
     assert [d["streams"] for d in data["decode"]] == [1, 3]
     for d in data["decode"]:
-        assert all(d[m]["mean"] > 0 for m in ("raw", "sampled", "backend"))
+        assert all(d[m]["mean"] > 0 for m in ("raw", "greedy", "sampled", "backend"))
         assert d["backend"]["in_graph"] is True  # the CPU backend takes the default chain
     assert "| streams | raw decode t/s |" in res.stdout
     assert all(set(d["sampled_by_threads"]) == {"1", "2"} for d in data["decode"])
