@@ -52,3 +52,15 @@ def test_gpu_rows(tiny_model: Path, tmp_path: Path) -> None:
     assert len(records) == 7
     ce = records["tensor, copy engines (BF16 wire, F32 sum)"]["kld"]
     assert ce["kld_mean"] < 1e-3 and ce["same_top"] >= 0.99, ce
+
+
+@pytest.mark.gpu
+def test_gpu_rows_against_one_device(tiny_model: Path, tmp_path: Path) -> None:
+    """Against one CUDA device: its own -ub 64 row and the splits run; F32 reductions stay close to it."""
+    cuda_device_pair()
+    res = _run("gpu-one", tiny_model, tmp_path)
+    assert res.returncode == 0, res.stderr
+    records = {r["row"]: r for r in map(json.loads, (tmp_path / "precision.jsonl").read_text().splitlines())}
+    assert len(records) == 6
+    f32 = records["tensor, F32 reductions"]["kld"]
+    assert f32["kld_mean"] < 1e-3 and f32["same_top"] >= 0.99, f32
