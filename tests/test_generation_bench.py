@@ -22,9 +22,11 @@ def test_reports_every_rate_and_ratio(tiny_model: Path, tmp_path: Path) -> None:
     assert c["ratio_default_over_greedy"] == c["default"]["mean"] / c["greedy"]["mean"]
     assert [d["streams"] for d in data["decode"]] == [1, 3]
     for d in data["decode"]:
-        assert all(d[m]["mean"] > 0 for m in ("raw", "greedy", "sampled", "backend"))
+        assert all(d[m]["mean"] > 0 for m in ("raw", "greedy", "sampled", "whole", "backend"))
         assert d["backend"]["in_graph"] is True  # the CPU backend takes the default chain
     assert "| streams | raw decode t/s |" in res.stdout
+    assert set(data["row_ms"]) == {"default_prefilter", "default_whole", "greedy_prefilter", "greedy_whole"}
+    assert all(v > 0 for v in data["row_ms"].values())
     assert all(set(d["sampled_by_threads"]) == {"1", "2"} for d in data["decode"])
     # the workload: 5 requests of 8 tokens in waves of 1 and of 3, on a context of 3 slots
     assert [w["streams"] for w in data["workload"]] == [1, 3] and all(w["mean"] > 0 for w in data["workload"])

@@ -375,3 +375,120 @@ def test_a_steps_rows_sampled_on_several_threads_equal_one_thread(tiny_model: Pa
         assert runs[0] == runs[1]
     finally:
         model.free()
+
+
+@pytest.mark.parametrize(("params", "grammar", "k"), [
+    (SamplingParams(), None, 40),
+    (SamplingParams(temperature=0.0), None, 1),
+    (SamplingParams(top_k=128, top_p=0.5, typical_p=0.9, xtc_probability=0.5), None, 128),
+    (SamplingParams(top_k=129), None, 0),  # llama.cpp sorts by buckets above 128
+    (SamplingParams(top_k=0), None, 0),
+    (SamplingParams(repeat_penalty=1.1), None, 0),  # penalties come before top-k
+    (SamplingParams(temperature=0.0, presence_penalty=0.5), None, 0),
+    (SamplingParams(logit_bias={5: 1.0}), None, 0),
+    (SamplingParams(dry_multiplier=0.8), None, 0),
+    (SamplingParams(top_n_sigma=1.0), None, 0),
+    (SamplingParams(mirostat_mode=2), None, 0),
+    (SamplingParams(), 'root ::= [a-z ]+', 0),
+])
+def test_prefilter_applies_where_the_chain_starts_with_top_k(llm: Llama, params: SamplingParams,
+                                                             grammar: str | None, k: int) -> None:
+    """The candidates are picked out of the row only for chains whose first member is top-k (or greedy alone)
+    and that have no grammar; prefilter=False turns it off."""
+    smp = _llama.Sampler(llm._model, params, n_ctx=256, grammar=grammar)
+    off = _llama.Sampler(llm._model, params, n_ctx=256, grammar=grammar, prefilter=False)
+    try:
+        assert smp.prefilter_k == k and off.prefilter_k == 0
+    finally:
+        smp.free()
+        off.free()
+
+
+def _rows(n_vocab: int) -> list[np.ndarray]:
+    """Logits rows for the prefilter: plain ones, and ones with ties at and within the top 40, -inf, NaN,
+    a constant row and rising ones (every entry enters the heap)."""
+    rng = np.random.default_rng(3)
+    rows = [(rng.standard_normal(n_vocab) * sd).astype(np.float32) for sd in (0.3, 1.0, 4.0) for _ in range(6)]
+    tie_at_k = rows[0].copy()
+    order = np.argsort(-tie_at_k)
+    tie_at_k[order[40]] = tie_at_k[order[39]]  # the 40th and 41st largest are equal
+    tie_within = rows[1].copy()
+    tie_within[order[3]] = tie_within[order[2]]
+    tie_top = rows[2].copy()
+    tie_top[7] = tie_top[11] = tie_top.max() + 1.0  # two largest
+    banned = rows[3].copy()
+    banned[20:] = -np.inf  # fewer finite entries than top_k
+    nan = rows[4].copy()
+    nan[17] = np.nan
+    rising = np.linspace(-3.0, 3.0, n_vocab, dtype=np.float32)
+    return rows + [tie_at_k, tie_within, tie_top, banned, nan, np.zeros(n_vocab, np.float32), rising,
+                   rising[::-1].copy(), np.round(rows[5] * 4) / 4]  # the last: many ties everywhere
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(seed=1),
+    SamplingParams(seed=2, temperature=1.5, top_k=5, top_p=0.9, min_p=0.0),
+    SamplingParams(seed=3, top_k=128, typical_p=0.8, xtc_probability=0.5, xtc_threshold=0.05),
+    SamplingParams(seed=4, top_k=1),
+    SamplingParams(temperature=0.0),
+])
+def test_prefiltered_rows_sample_what_whole_rows_do(llm: Llama, params: SamplingParams) -> None:
+    """The same tokens with and without the prefilter, draw after draw of one seeded chain, on rows built to
+    hit every case of the candidate pick (and its fallbacks to the whole row)."""
+    rows = _rows(llm.n_vocab()) * 3
+    got = []
+    for prefilter in (True, False):
+        smp = _llama.Sampler(llm._model, params, n_ctx=256, prefilter=prefilter)
+        try:
+            got.append([smp.sample_logits(r) for r in rows])
+        finally:
+            smp.free()
+    assert got[0] == got[1]
+
+
+def test_prefiltered_step_rows_equal_whole_rows(tiny_model: Path) -> None:
+    """decode_batch_sample on several threads: default chains with the prefilter give the tokens and logprobs
+    of the same chains given whole rows."""
+    model = _llama.Model.load(tiny_model)
+    try:
+        runs = []
+        for prefilter in (True, False):
+            ctx = _llama.Context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_threads=2)
+            ctx.sampling_threads = 2
+            samplers = [_llama.Sampler(model, SamplingParams(seed=s, temperature=0.0 if s == 3 else 0.8),
+                                       n_ctx=256, prefilter=prefilter) for s in range(4)]
+            assert all((smp.prefilter_k > 0) == prefilter for smp in samplers)
+            toks = [[5, 6, 7], [8, 9], [10], [11, 12]]
+            out = []
+            for _ in range(16):
+                got = ctx.decode_batch_sample([(s, t, smp, 3) for s, (t, smp) in enumerate(zip(toks, samplers))])
+                toks = [[g[0]] for g in got]
+                out.append([(g[0], round(g[1], 5)) for g in got])
+            runs.append(out)
+            for smp in samplers:
+                smp.free()
+            ctx.free()
+        assert runs[0] == runs[1]
+    finally:
+        model.free()
+
+
+@pytest.mark.parametrize("k", [3, 9, 17])
+def test_prefilter_leaves_ties_to_llama_cpp(llm: Llama, k: int) -> None:
+    """Rows of a few tied levels above a floor: which of the tied tokens top-k keeps, and in which order, is
+    its partial sort's to decide, so such rows go to the chain whole (a pick of its own gives other draws)."""
+    n = llm.n_vocab()
+    rng = np.random.default_rng(k)
+    for trial in range(20):
+        row = np.full(n, -10.0, np.float32)
+        idx = rng.choice(n, int(rng.integers(2, 3 * k)), replace=False)
+        row[idx] = rng.integers(0, 3, len(idx)).astype(np.float32)
+        params = SamplingParams(seed=trial, top_k=k, top_p=1.0, min_p=0.0)
+        got = []
+        for prefilter in (True, False):
+            smp = _llama.Sampler(llm._model, params, n_ctx=256, prefilter=prefilter)
+            try:
+                got.append([smp.sample_logits(row) for _ in range(30)])
+            finally:
+                smp.free()
+        assert got[0] == got[1], trial

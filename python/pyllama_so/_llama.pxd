@@ -477,6 +477,7 @@ cdef class Sampler:
     cdef llama_sampler * chain
     cdef llama_sampler * grammar  # NULL without a grammar; kept out of the chain for rejection sampling
     cdef llama_token_data * cur   # n_vocab candidates of _sample_row
+    cdef readonly int32_t prefilter_k  # > 0: _sample_row may hand the chain only the row's prefilter_k largest logits
     cdef int32_t n_vocab
     cdef readonly Model model
     cdef readonly dict params

@@ -13,6 +13,11 @@ from libc.math cimport exp, log, INFINITY
 # top_logprobs / logprobs above this are a ValueError (OpenAI's own limit for top_logprobs)
 MAX_LOGPROBS = 20
 
+cdef enum:
+    # the largest top_k whose candidates _sample_row picks out of the row itself (a heap of k entries while it
+    # reads the row): beyond it the whole row goes to the chain, as llama.cpp's bucket sort takes over there too
+    _PREFILTER_MAX_K = 128
+
 
 cdef list _logit_bias_entries(object logit_bias, int32_t n_vocab):
     """{token id: bias} (ids as int or as decimal str, as JSON gives them) to (id, bias) pairs."""
@@ -34,22 +39,105 @@ cdef list _logit_bias_entries(object logit_bias, int32_t n_vocab):
     return out
 
 
+cdef extern from *:
+    """
+    #include <algorithm>
+    // The k largest logits of a row as candidates (written to out, which has room for n), when they are
+    // distinct and strictly above every other logit of the row: then llama.cpp's top-k (a partial sort by
+    // logit) keeps exactly these, in the one order that has no ties, whether it is given the whole row or
+    // only them. 0 when the row has a tie at or within its top k, a NaN, or at most k entries: the caller
+    // then gives the chain the whole row.
+    static int32_t pyllama_so_top_candidates(const float * logits, int32_t n, int32_t k, llama_token_data * out) {
+        if (k <= 0 || k >= n) {
+            return 0;
+        }
+        const auto greater = [](const llama_token_data & a, const llama_token_data & b) { return a.logit > b.logit; };
+        for (int32_t i = 0; i < k; i++) {
+            if (logits[i] != logits[i]) {
+                return 0;
+            }
+            out[i] = { i, logits[i], 0.0f };
+        }
+        std::make_heap(out, out + k, greater); // out[0]: the smallest of the k kept so far
+        auto offer = [&](int32_t i) {
+            const float x = logits[i];
+            if (x > out[0].logit) {
+                std::pop_heap(out, out + k, greater);
+                out[k - 1] = { i, x, 0.0f };
+                std::push_heap(out, out + k, greater);
+            }
+        };
+        // blocks of 32 that hold nothing above the heap's smallest (nor a NaN) are skipped by one vectorizable
+        // test: after the first blocks that is almost all of them
+        constexpr int32_t B = 32;
+        int32_t i = k;
+        for (; i + B <= n; i += B) {
+            const float thr = out[0].logit;
+            int hit = 0;
+            for (int32_t j = 0; j < B; j++) {
+                const float x = logits[i + j];
+                hit |= (x > thr) | (x != x);
+            }
+            if (hit) {
+                for (int32_t j = 0; j < B; j++) {
+                    if (logits[i + j] != logits[i + j]) {
+                        return 0;
+                    }
+                    offer(i + j);
+                }
+            }
+        }
+        for (; i < n; i++) {
+            if (logits[i] != logits[i]) {
+                return 0;
+            }
+            offer(i);
+        }
+        const float kth = out[0].logit;
+        int32_t n_ge = 0;
+        for (int32_t j = 0; j < n; j++) {
+            n_ge += logits[j] >= kth;
+        }
+        if (n_ge != k) {
+            return 0; // another entry equals the k-th largest
+        }
+        std::sort(out, out + k, greater);
+        for (int32_t i = 1; i < k; i++) {
+            if (out[i].logit == out[i - 1].logit) {
+                return 0;
+            }
+        }
+        return k;
+    }
+    """
+    int32_t _top_candidates "pyllama_so_top_candidates"(const float * logits, int32_t n, int32_t k,
+                                                          llama_token_data * out) noexcept nogil
+
+
 cdef llama_token _sample_row(llama_sampler * chain, llama_sampler * grammar, llama_token_data * cur,
-                             int32_t n_vocab, const float * logits) noexcept nogil:
+                             int32_t n_vocab, const float * logits, int32_t prefilter_k) noexcept nogil:
     """Sample a token from a logits row with chain (and grammar) and accept it: llama_sampler_sample's work on
     a buffer of the sampler's own, so rows of different sequences can be sampled on several threads. A grammar
     is applied as llama.cpp's common sampler does: the chain draws first, and only a token the grammar
-    rejects makes it draw again from the grammar-filtered row."""
+    rejects makes it draw again from the grammar-filtered row.
+
+    prefilter_k > 0 (Sampler.prefilter_k: a chain that starts with top-k, or is greedy, k = 1): the chain gets
+    only the row's k largest logits when they are distinct and above the rest, which is what its first member
+    would keep of the whole row; the same token, without writing n_vocab candidates."""
     cdef llama_token_data_array arr
     cdef llama_token_data one
     cdef llama_token_data_array single
     cdef llama_token tok
-    cdef int32_t i
-    for i in range(n_vocab):
-        cur[i].id = i
-        cur[i].logit = logits[i]
-        cur[i].p = 0
-    arr.data, arr.size, arr.selected, arr.sorted = cur, n_vocab, -1, False
+    cdef int32_t i, n_cand = 0
+    if prefilter_k > 0 and grammar == NULL:
+        n_cand = _top_candidates(logits, n_vocab, prefilter_k, cur)
+    if n_cand == 0:
+        for i in range(n_vocab):
+            cur[i].id = i
+            cur[i].logit = logits[i]
+            cur[i].p = 0
+        n_cand = n_vocab
+    arr.data, arr.size, arr.selected, arr.sorted = cur, n_cand, -1, False
     llama_sampler_apply(chain, &arr)
     if arr.selected < 0:
         return LLAMA_TOKEN_NULL
@@ -79,18 +167,19 @@ cdef extern from *:
     #include <thread>
     #include <vector>
     typedef llama_token (*pyllama_so_row_sampler)(struct llama_sampler *, struct llama_sampler *,
-                                                  llama_token_data *, int32_t, const float *);
+                                                  llama_token_data *, int32_t, const float *, int32_t);
     // Rows of different sequences, each with its own chain and buffer, sampled on up to n_threads threads
     // (a server step's outputs: the chains share nothing).
     static void pyllama_so_sample_rows(pyllama_so_row_sampler fn, int n, struct llama_sampler ** chains,
-                                       struct llama_sampler ** grammars, llama_token_data ** curs, int32_t n_vocab,
-                                       const float ** rows, llama_token * out, int n_threads) {
+                                       struct llama_sampler ** grammars, llama_token_data ** curs,
+                                       const int32_t * prefilter_ks, int32_t n_vocab, const float ** rows,
+                                       llama_token * out, int n_threads) {
         if (n_threads > n) {
             n_threads = n;
         }
         auto work = [=](int first) {
             for (int i = first; i < n; i += n_threads) {
-                out[i] = fn(chains[i], grammars[i], curs[i], n_vocab, rows[i]);
+                out[i] = fn(chains[i], grammars[i], curs[i], n_vocab, rows[i], prefilter_ks[i]);
             }
         };
         if (n_threads <= 1) {
@@ -108,10 +197,11 @@ cdef extern from *:
     }
     """
     ctypedef llama_token (*_row_sampler_t)(llama_sampler *, llama_sampler *, llama_token_data *, int32_t,
-                                           const float *) noexcept nogil
+                                           const float *, int32_t) noexcept nogil
     void _sample_rows "pyllama_so_sample_rows"(_row_sampler_t fn, int n, llama_sampler ** chains,
-                                               llama_sampler ** grammars, llama_token_data ** curs, int32_t n_vocab,
-                                               const float ** rows, llama_token * out, int n_threads) nogil
+                                               llama_sampler ** grammars, llama_token_data ** curs,
+                                               const int32_t * prefilter_ks, int32_t n_vocab, const float ** rows,
+                                               llama_token * out, int n_threads) nogil
 
 
 cdef class Sampler:
@@ -122,6 +212,10 @@ cdef class Sampler:
     params: a pyllama_so.sampling.SamplingParams. n_ctx resolves penalty_last_n / dry_penalty_last_n -1
     (the whole context). grammar: GBNF text; it is applied as llama.cpp's common sampler does: the chain
     draws first, and only a token the grammar rejects makes it draw again from the grammar-filtered row.
+    prefilter: where the chain starts with top-k (k <= 128) or is greedy, pick the row's k largest logits
+    while reading it and give the chain only those when that is what its top-k would keep (distinct values,
+    above the rest), instead of all n_vocab candidates: the same tokens, faster (prefilter_k says which k).
+    False gives the chain every row whole.
     """
 
     def __cinit__(self):
@@ -129,8 +223,10 @@ cdef class Sampler:
         self.grammar = NULL
         self.cur = NULL
         self.backend = None
+        self.prefilter_k = 0
 
-    def __init__(self, Model model, params, *, int n_ctx=0, grammar=None, str grammar_root="root"):
+    def __init__(self, Model model, params, *, int n_ctx=0, grammar=None, str grammar_root="root",
+                 bint prefilter=True):
         model._check_open()
         self.model = model
         self.n_vocab = llama_vocab_n_tokens(model.vocab)
@@ -147,6 +243,8 @@ cdef class Sampler:
         self.chain = llama_sampler_chain_init(cp)
         _null_check(self.chain, LlamaError, "llama_sampler_chain_init failed")
         self._add_members(params, bias, n_ctx)
+        if not prefilter or self.grammar != NULL:
+            self.prefilter_k = 0
         self._ensure_cur()
 
     cdef _init_grammar(self, grammar, str root):
@@ -172,6 +270,8 @@ cdef class Sampler:
             self._add_dry(params, dry_last_n)
         cdef float temp = params.temperature
         if temp == 0:
+            if llama_sampler_chain_n(self.chain) == 0:
+                self.prefilter_k = 1  # greedy alone keeps the row's largest logit
             self._add(llama_sampler_init_greedy())
             return
         if params.mirostat_mode == 1:
@@ -186,6 +286,8 @@ cdef class Sampler:
         if params.top_n_sigma > 0:
             self._add(llama_sampler_init_top_n_sigma(params.top_n_sigma))
         if params.top_k > 0:
+            if llama_sampler_chain_n(self.chain) == 0 and params.top_k <= _PREFILTER_MAX_K:
+                self.prefilter_k = params.top_k  # the chain's first member keeps the top_k largest logits
             self._add(llama_sampler_init_top_k(params.top_k))
         if params.typical_p < 1.0:
             self._add(llama_sampler_init_typical(params.typical_p, min_keep))
@@ -263,7 +365,7 @@ cdef class Sampler:
         cdef const float * logits = llama_get_logits_ith(ctx, idx)
         if logits == NULL:  # llama_sampler_sample would abort
             return LLAMA_TOKEN_NULL
-        return _sample_row(self.chain, self.grammar, self.cur, self.n_vocab, logits)
+        return _sample_row(self.chain, self.grammar, self.cur, self.n_vocab, logits, self.prefilter_k)
 
     cdef int _ensure_cur(self) except -1:
         """The candidates buffer of _sample_row (n_vocab entries), allocated at first use."""
@@ -296,7 +398,7 @@ cdef class Sampler:
         self._ensure_cur()
         cdef llama_token tok
         with nogil:
-            tok = _sample_row(self.chain, self.grammar, self.cur, self.n_vocab, &row[0])
+            tok = _sample_row(self.chain, self.grammar, self.cur, self.n_vocab, &row[0], self.prefilter_k)
         if tok == LLAMA_TOKEN_NULL:
             raise LlamaError("the sampler chain selected no token")
         return tok
@@ -404,6 +506,7 @@ cdef class _StepRows:
     cdef llama_sampler ** cpu_chains
     cdef llama_sampler ** cpu_grammars
     cdef llama_token_data ** cpu_curs
+    cdef int32_t * cpu_prefilter
     cdef const float ** srcs
     cdef llama_token * picked
 
@@ -429,12 +532,14 @@ cdef class _StepRows:
         self.cpu_chains = <llama_sampler **> malloc(m * sizeof(void *))
         self.cpu_grammars = <llama_sampler **> malloc(m * sizeof(void *))
         self.cpu_curs = <llama_token_data **> malloc(m * sizeof(void *))
+        self.cpu_prefilter = <int32_t *> malloc(m * sizeof(int32_t))
         self.srcs = <const float **> malloc(m * sizeof(void *))
         self.picked = <llama_token *> malloc(m * sizeof(llama_token))
         if (self.at == NULL or self.graph_chain == NULL or self.top_n == NULL or self.top_off == NULL
                 or self.top_k == NULL or self.top_ids == NULL or self.top_vals == NULL or self.lse == NULL
                 or self.tok_logit == NULL or self.tok == NULL or self.cpu_row == NULL or self.cpu_chains == NULL
-                or self.cpu_grammars == NULL or self.cpu_curs == NULL or self.srcs == NULL or self.picked == NULL):
+                or self.cpu_grammars == NULL or self.cpu_curs == NULL or self.cpu_prefilter == NULL or self.srcs == NULL
+                or self.picked == NULL):
             raise MemoryError()
         for i, (sampler, pos, _) in enumerate(entries):
             smp = sampler
@@ -444,12 +549,14 @@ cdef class _StepRows:
             if smp.backend is None:
                 self.cpu_row[self.n_cpu], self.cpu_chains[self.n_cpu] = i, smp.chain
                 self.cpu_grammars[self.n_cpu], self.cpu_curs[self.n_cpu] = smp.grammar, smp.cur
+                self.cpu_prefilter[self.n_cpu] = smp.prefilter_k
                 self.n_cpu += 1
 
     def __dealloc__(self):
         free(self.at); free(self.graph_chain); free(self.top_n); free(self.top_off); free(self.top_k)
         free(self.top_ids); free(self.top_vals); free(self.lse); free(self.tok_logit); free(self.tok)
-        free(self.cpu_row); free(self.cpu_chains); free(self.cpu_grammars); free(self.cpu_curs); free(self.srcs)
+        free(self.cpu_row); free(self.cpu_chains); free(self.cpu_grammars); free(self.cpu_curs)
+        free(self.cpu_prefilter); free(self.srcs)
         free(self.picked)
 
     cdef int sample(self, llama_context * ctx, int n_threads) noexcept nogil:
@@ -467,8 +574,8 @@ cdef class _StepRows:
             if self.srcs[m] == NULL:
                 return 1
             m += 1
-        _sample_rows(_sample_row, self.n_cpu, self.cpu_chains, self.cpu_grammars, self.cpu_curs, self.n_vocab,
-                     self.srcs, self.picked, n_threads)
+        _sample_rows(_sample_row, self.n_cpu, self.cpu_chains, self.cpu_grammars, self.cpu_curs,
+                     self.cpu_prefilter, self.n_vocab, self.srcs, self.picked, n_threads)
         for j in range(self.n_cpu):
             i = self.cpu_row[j]
             self.tok[i] = self.picked[j]
