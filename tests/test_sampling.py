@@ -352,29 +352,35 @@ def test_a_step_begun_and_ended_equals_decode_batch_sample(tiny_model: Path) -> 
 def test_a_steps_rows_sampled_on_several_threads_equal_one_thread(tiny_model: Path) -> None:
     """decode_batch_sample samples the output rows of a step on sampling_threads threads, each sequence with
     its own chain: the tokens are those of one thread, seeded draws and grammars included."""
-    from pyllama_so import _llama
     model = _llama.Model.load(tiny_model)
     try:
-        runs = []
-        for threads in (1, 4):
-            ctx = _llama.Context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_threads=2)
-            ctx.sampling_threads = threads
+        def samplers() -> list[_llama.Sampler]:
             params = [SamplingParams(seed=s, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) for s in range(3)]
-            samplers = [_llama.Sampler(model, p, n_ctx=256) for p in params]
-            samplers.append(_llama.Sampler(model, SamplingParams(seed=9), n_ctx=256, grammar='root ::= [a-z ]+'))
-            toks = [[5, 6, 7], [8, 9], [10], [11, 12]]
-            out = []
-            for _ in range(12):
-                got = ctx.decode_batch_sample([(s, t, smp, 2) for s, (t, smp) in enumerate(zip(toks, samplers))])
-                toks = [[g[0]] for g in got]
-                out.append([(g[0], round(g[1], 5)) for g in got])
-            runs.append(out)
-            for smp in samplers:
-                smp.free()
-            ctx.free()
-        assert runs[0] == runs[1]
+            return [_llama.Sampler(model, p, n_ctx=256) for p in params] + [
+                _llama.Sampler(model, SamplingParams(seed=9), n_ctx=256, grammar='root ::= [a-z ]+')]
+        assert _sampled_steps(model, samplers(), 1, 12, 2) == _sampled_steps(model, samplers(), 4, 12, 2)
     finally:
         model.free()
+
+
+def _sampled_steps(model: _llama.Model, samplers: list[_llama.Sampler], threads: int, n_steps: int,
+                   n_logprobs: int) -> list[list[tuple[int, float]]]:
+    """(token, its logprob) of each sequence at each of n_steps decode_batch_sample steps of four sequences,
+    one sampler each, the rows sampled on `threads` threads; frees the samplers."""
+    ctx = _llama.Context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_threads=2)
+    try:
+        ctx.sampling_threads = threads
+        toks = [[5, 6, 7], [8, 9], [10], [11, 12]]
+        out = []
+        for _ in range(n_steps):
+            got = ctx.decode_batch_sample([(s, t, smp, n_logprobs) for s, (t, smp) in enumerate(zip(toks, samplers))])
+            toks = [[g[0]] for g in got]
+            out.append([(g[0], round(g[1], 5)) for g in got])
+        return out
+    finally:
+        for smp in samplers:
+            smp.free()
+        ctx.free()
 
 
 @pytest.mark.parametrize(("params", "grammar", "k"), [
@@ -453,21 +459,10 @@ def test_prefiltered_step_rows_equal_whole_rows(tiny_model: Path) -> None:
     try:
         runs = []
         for prefilter in (True, False):
-            ctx = _llama.Context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_threads=2)
-            ctx.sampling_threads = 2
             samplers = [_llama.Sampler(model, SamplingParams(seed=s, temperature=0.0 if s == 3 else 0.8),
                                        n_ctx=256, prefilter=prefilter) for s in range(4)]
             assert all((smp.prefilter_k > 0) == prefilter for smp in samplers)
-            toks = [[5, 6, 7], [8, 9], [10], [11, 12]]
-            out = []
-            for _ in range(16):
-                got = ctx.decode_batch_sample([(s, t, smp, 3) for s, (t, smp) in enumerate(zip(toks, samplers))])
-                toks = [[g[0]] for g in got]
-                out.append([(g[0], round(g[1], 5)) for g in got])
-            runs.append(out)
-            for smp in samplers:
-                smp.free()
-            ctx.free()
+            runs.append(_sampled_steps(model, samplers, 2, 16, 3))
         assert runs[0] == runs[1]
     finally:
         model.free()
