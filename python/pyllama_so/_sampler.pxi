@@ -15,7 +15,7 @@ MAX_LOGPROBS = 20
 
 cdef enum:
     # the largest top_k whose candidates _sample_row picks out of the row itself (a heap of k entries while it
-    # reads the row): beyond it the whole row goes to the chain, as llama.cpp's bucket sort takes over there too
+    # reads the row): beyond it the whole row goes to the chain, where llama.cpp sorts by buckets
     _PREFILTER_MAX_K = 128
 
 
