@@ -35,6 +35,16 @@ def test_cpu_rows(tiny_model: Path, tmp_path: Path) -> None:
     assert table[0].startswith("| model | configuration | mean KLD") and len(table) == 2 + len(records)
 
 
+def test_only_takes_labels_with_commas(tiny_model: Path, tmp_path: Path) -> None:
+    """--only repeats, and a label that holds commas (most GPU rows) is taken whole."""
+    res = _run("cpu", tiny_model, tmp_path, "--only", "Meta 2 CPUV", "--only", "CPU -ub 64,Meta 3 CPUV")
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line)["row"] for line in (tmp_path / "precision.jsonl").read_text().splitlines()]
+    assert rows == ["CPU -ub 512 (reference)", "Meta 2 CPUV", "CPU -ub 64", "Meta 3 CPUV"]
+    res = _run("gpu", tmp_path / "none.gguf", tmp_path, "--only", "tensor, copy engines, -so 1")
+    assert res.returncode == 2 and "model file not found" in res.stderr  # the label was accepted
+
+
 def test_unknown_row_and_missing_model(tiny_model: Path, tmp_path: Path) -> None:
     res = _run("cpu", tiny_model, tmp_path, "--only", "Meta 9")
     assert res.returncode == 2 and "unknown rows ['Meta 9']" in res.stderr
