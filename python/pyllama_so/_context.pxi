@@ -476,9 +476,8 @@ cdef class Context:
         cdef int32_t[::1] next_rows = next_rows_np
         # the rows of the step that ends (those its earlier llama_decode calls sampled are in out already)
         cdef const int32_t[::1] rows = rows_np
-        here = [i for i in range(n) if rows[start + i] >= 0]
-        cdef _StepRows step_rows = _StepRows([(samplers[rows[start + i]], i, tops[rows[start + i]]) for i in here],
-                                             n_vocab)
+        cdef _StepRows step_rows
+        here, step_rows = _step_rows(rows, start, n, samplers, tops, n_vocab)
         cdef int32_t[::1] row_here = np.array([rows[start + i] for i in here] or [0], dtype=np.int32)
         cdef int32_t n_here = len(here)
         cdef int32_t[::1] tok_of_row = np.array([LLAMA_TOKEN_NULL if o is None else o[0] for o in out] or [0],
@@ -648,9 +647,8 @@ cdef class Context:
         logprob, top)."""
         cdef int32_t i, k
         cdef int err
-        at = [i for i in range(n) if rows[start + i] >= 0]
-        cdef _StepRows step_rows = _StepRows([(samplers[rows[start + i]], i, tops[rows[start + i]]) for i in at],
-                                             n_vocab)
+        cdef _StepRows step_rows
+        at, step_rows = _step_rows(rows, start, n, samplers, tops, n_vocab)
         cdef int n_threads = self.sampling_threads
         with nogil:
             llama_synchronize(self.ptr)

@@ -584,9 +584,7 @@ class Engine:
             self.ctx.decode_batch_sample_begin([(s.id, toks, s.sampler if want else None, job.logprobs)
                                                 for s, job, toks, want in items])
         except (_llama.LlamaError, ValueError) as e:
-            for s, _, _, _ in items:
-                self._fail(s, f"decode failed: {e}")
-            self._publish()
+            self._fail_step(items, e)
             return
         self._t_issued = time.perf_counter()
         self._issue_seconds = self._t_issued - t0
@@ -634,10 +632,7 @@ class Engine:
             except (_llama.LlamaError, ValueError, RuntimeError):
                 pass
             self._step_ended(items)
-            for s, job, _, _ in items:
-                if s.job is job:
-                    self._fail(s, f"decode failed: {e}")
-            self._publish()
+            self._fail_step(items, e)
             return [], None
         t_return = time.perf_counter()
         self._step_ended(items)
@@ -648,10 +643,7 @@ class Engine:
                 {s.id for s, job, _, want in items if want and s.job is job and s.continues}:
             raise RuntimeError("the chained step disagrees with the engine on which slots go on")
         if error is not None:
-            for s, job, _, _ in plan:
-                if s.job is job and (s.state is SlotState.PREFILL or s.continues):
-                    self._fail(s, f"decode failed: {error}")
-            self._publish()
+            self._fail_step([item for item in plan if item[0].state is SlotState.PREFILL or item[0].continues], error)
         elif went:
             for s, _, _, _ in went:
                 s.in_step = True
@@ -679,10 +671,7 @@ class Engine:
         t1 = time.perf_counter()
         self._step_ended(items)
         if sampled is None:
-            for s, job, _, _ in items:
-                if s.job is job:
-                    self._fail(s, f"decode failed: {error}")
-            self._publish()
+            self._fail_step(items, error)
             return [], None
         return self._took(items, sampled, t_wait, t1)
 
@@ -793,6 +782,13 @@ class Engine:
         slot.t_admitted, slot.t_prompt_start = time.perf_counter(), None
         slot.n_requests += 1
         slot.n_prompt_cached += keep
+
+    def _fail_step(self, items: list[tuple[Slot, Job, Any, bool]], error: Exception) -> None:
+        """A llama_decode of items failed: end the requests of its slots that still hold them, then publish."""
+        for s, job, _, _ in items:
+            if s.job is job:
+                self._fail(s, f"decode failed: {error}")
+        self._publish()
 
     def _step_ended(self, items: list[tuple[Slot, Job, list[int], bool]]) -> None:
         """The step of items is off the devices: its slots are free to change, the samplers of those released
