@@ -36,3 +36,24 @@ def test_reports_every_rate_and_ratio(tiny_model: Path, tmp_path: Path) -> None:
 def test_bad_stream_count_is_an_argparse_error() -> None:
     res = subprocess.run([sys.executable, str(SCRIPT), "--streams", "0"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--streams" in res.stderr
+
+
+def test_modes_pick_the_decode_modes(tiny_model: Path, tmp_path: Path) -> None:
+    """--modes raw,greedy --no-completion (what a tracer wants): only those steps run, and only their ratio."""
+    out = tmp_path / "gen.json"
+    res = subprocess.run([sys.executable, str(SCRIPT), "-m", str(tiny_model), "-p", "8", "-n", "4", "-r", "1",
+                          "--streams", "2", "-t", "2", "--requests", "0", "--modes", "raw,greedy", "--no-completion",
+                          "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(out.read_text())
+    assert "completion" not in data and "row_ms" not in data and "workload" not in data
+    (d,) = data["decode"]
+    assert {k for k in d if not k.startswith("ratio_")} == {"streams", "raw", "greedy", "sampling_threads_default"}
+    assert set(k for k in d if k.startswith("ratio_")) == {"ratio_greedy_over_raw"}
+    assert "| streams | raw decode t/s | greedy rows t/s | greedy / raw |" in res.stdout
+
+
+def test_bad_modes_are_argparse_errors() -> None:
+    for argv in (["--modes", "raw,bogus"], ["--modes", "raw", "--sampling-threads", "2"]):
+        res = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and "--modes" in res.stderr, argv

@@ -82,3 +82,26 @@ def test_missing_input_is_an_error(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "none.csv"), "--no-plot"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "no such file" in res.stderr
+
+
+def test_steps_and_top_kernels_from_a_cupti_csv(tmp_path: Path) -> None:
+    """Five decode steps of 10 ms: kernels for 6 ms (a 5 ms matmul, a 1 ms norm), the logits' 20 MiB copy for
+    1 ms, then 3 ms without a kernel; small copies do not cut steps."""
+    ms = 1_000_000
+    lines = ["kind,device,stream,start_ns,end_ns,bytes,name"]
+    for k in range(5):
+        t = k * 10 * ms
+        lines.append(f"kernel,0,7,{t},{t + 5 * ms},0,mul_mat")
+        lines.append(f"kernel,0,7,{t + 5 * ms},{t + 6 * ms},0,rms_norm")
+        lines.append(f"memcpy,0,7,{t + 6 * ms},{t + 7 * ms},{20 << 20},D2H")
+        lines.append(f"memcpy,0,7,{t + 7 * ms},{t + 7 * ms + 1000},64,D2H")
+    trace = tmp_path / "trace.csv"
+    trace.write_text("\n".join(lines) + "\n")
+    res = subprocess.run([sys.executable, str(SCRIPT), str(trace), "--no-plot", "--window-ms", "50", "--end-ms", "49",
+                          "--top-kernels", "2", "--steps-d2h", str(1 << 20)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "steps: 4 cut at D2H copies" in out and "period 10.000 ms, the copy 1.000 ms (20.0 MiB)" in out
+    assert "GPU0: kernels 6.000 ms a step (60.0 %), copy end to the next kernel 3.000 ms" in out
+    assert "kernel mul_mat: 5 calls, 25.00 ms" in out and "kernel rms_norm: 5 calls, 5.00 ms" in out
+    assert out.index("kernel mul_mat") < out.index("kernel rms_norm")
