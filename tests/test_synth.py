@@ -95,6 +95,30 @@ def test_no_tensor_is_all_zeros_or_a_copy(tiny_model: Path) -> None:
             seen.add(chunk)
 
 
+@pytest.mark.parametrize("wtype", ["q8_0", "f16", "bf16"])
+def test_output_matrix_rows_are_all_distinct(wtype: str) -> None:
+    """Chunks cut from the pool a whole number of rows apart repeat rows; in the output matrix such twins give
+    tokens equal logits (which defeats top-k's exactness checks, unlike any trained model), so its rows must all
+    differ. Another matrix of the same shape, cut the same way, does repeat rows here: the check can fail."""
+    import io
+
+    from pyllama_so.gguf_writer import TensorSpec
+
+    n_embd, n_vocab = 128, 151936  # 19 Mi values: five chunks of the pool, rows of 4 Q8_0 blocks
+    row_bytes = GGML_TYPES[wtype][2] * n_embd // (32 if wtype == "q8_0" else 1)
+
+    def n_distinct_rows(name: str) -> int:
+        buf = io.BytesIO()
+        synth._RandomPool(seed=3).write(TensorSpec(name, (n_embd, n_vocab), wtype), buf)
+        rows = np.frombuffer(buf.getvalue(), dtype=f"V{row_bytes}")
+        assert rows.size == n_vocab
+        return len(np.unique(rows))
+
+    assert n_distinct_rows("output.weight") == n_vocab
+    if wtype == "q8_0":  # offsets of whole blocks: one pair of chunks in four lines up with the rows
+        assert n_distinct_rows("blk.0.ffn_down.weight") < n_vocab
+
+
 def test_shapes_have_the_documented_sizes() -> None:
     n = {name: sum(t.n_elements for t in synth.tensors(s, "f16")) for name, s in synth.SHAPES.items()}
     # docs/benchmarks.md: the 8B F16 synthetic model is 15.26 GiB
