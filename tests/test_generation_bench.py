@@ -24,6 +24,8 @@ def test_reports_every_rate_and_ratio(tiny_model: Path, tmp_path: Path) -> None:
     for d in data["decode"]:
         assert all(d[m]["mean"] > 0 for m in ("raw", "greedy", "sampled", "whole", "backend"))
         assert d["backend"]["in_graph"] is True  # the CPU backend takes the default chain
+        for mode in ("greedy", "sampled"):  # 8 steps of 1 or 3 rows, none with ties at the top of a random model
+            assert d[mode]["prefilter_rows"] == {"picked": 8 * d["streams"], "whole": 0}
     assert "| streams | raw decode t/s |" in res.stdout
     assert set(data["row_ms"]) == {"default_prefilter", "default_whole", "greedy_prefilter", "greedy_whole"}
     assert all(v > 0 for v in data["row_ms"].values())

@@ -3,6 +3,8 @@ effect a test can see, logprobs equal a log-softmax of eval()'s logits, and bad 
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -391,7 +393,10 @@ def _sampled_steps(model: _llama.Model, samplers: list[_llama.Sampler], threads:
     (SamplingParams(top_k=0), None, 0),
     (SamplingParams(repeat_penalty=1.1), None, 0),  # penalties come before top-k
     (SamplingParams(temperature=0.0, presence_penalty=0.5), None, 0),
-    (SamplingParams(logit_bias={5: 1.0}), None, 0),
+    (SamplingParams(logit_bias={5: 1.0}), None, 40),  # a logit bias ahead of top-k: the biased row's top k
+    (SamplingParams(temperature=0.0, logit_bias={5: float("-inf")}), None, 1),  # ignore_eos's ban, greedy
+    (SamplingParams(logit_bias={5: 1.0}, repeat_penalty=1.1), None, 0),
+    (SamplingParams(logit_bias={5: 1.0, "5": 2.0}), None, 0),  # one token named twice: llama.cpp adds both
     (SamplingParams(dry_multiplier=0.8), None, 0),
     (SamplingParams(top_n_sigma=1.0), None, 0),
     (SamplingParams(mirostat_mode=2), None, 0),
@@ -450,6 +455,81 @@ def test_prefiltered_rows_sample_what_whole_rows_do(llm: Llama, params: Sampling
         finally:
             smp.free()
     assert got[0] == got[1]
+
+
+def _biased_rows(n_vocab: int) -> tuple[list[np.ndarray], dict[int, float]]:
+    """_rows, and rows where a logit bias decides: its ban removes the largest logit, its boost lifts a token
+    from the bottom into the top k or to the top, and it ties a biased token with the largest one (exactly:
+    8.0 - 2.0 + 2.0); the bias itself, ahead of the chain."""
+    rows = _rows(n_vocab)
+    base = rows[0]
+    top = int(np.argmax(base))
+    low = int(np.argmin(base))
+    bias = {top: float("-inf"), low: 2.5, 7: 100.0, 11: 2.0, 13: -1.5}
+    tie = base.copy()
+    unbiased = next(t for t in range(n_vocab) if t not in bias)
+    tie[unbiased] = 8.0  # the largest unbiased logit (base's are below 2)
+    tie[11] = 6.0  # 6.0 + 2.0 == 8.0: the biased token 11 ties it at the top
+    tie[7] = -1000.0  # so that 7's boost does not decide the row
+    boosted_into_k = base.copy()
+    ranked = np.sort(base)[::-1]
+    boosted_into_k[7] = (ranked[20] + ranked[21]) / 2 - 100.0  # 7 + 100 lands between the 21st and 22nd largest
+    return rows + [tie, boosted_into_k], bias
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(seed=5),
+    SamplingParams(seed=6, top_k=5, top_p=0.9, min_p=0.0, temperature=1.2),
+    SamplingParams(temperature=0.0),
+])
+def test_prefiltered_rows_with_a_logit_bias_sample_what_whole_rows_do(llm: Llama, params: SamplingParams) -> None:
+    """A logit bias ahead of top-k (bans, boosts into and past the top k, a bias that makes a tie): the same
+    tokens with and without the prefilter."""
+    rows, bias = _biased_rows(llm.n_vocab())
+    params = dataclasses.replace(params, logit_bias=bias)
+    got, picked_whole = [], (0, 0)
+    for prefilter in (True, False):
+        smp = _llama.Sampler(llm._model, params, n_ctx=256, prefilter=prefilter)
+        try:
+            assert (smp.prefilter_k > 0) == prefilter
+            got.append([smp.sample_logits(r) for r in rows * 3])
+            if prefilter:
+                picked_whole = smp.prefilter_rows
+            else:
+                assert smp.prefilter_rows == (0, 0)
+        finally:
+            smp.free()
+    assert got[0] == got[1]
+    assert not set(got[0]) & {t for t, b in bias.items() if b == float("-inf")}
+    assert picked_whole[0] > len(rows) and picked_whole[1] >= 3  # most rows picked; the tie row (and others) whole
+    # rows the bias decides: the first (its largest logit banned) and the boosted one are picked, the tie goes whole
+    smp = _llama.Sampler(llm._model, params, n_ctx=256)
+    try:
+        for row, picked in ((rows[0], True), (rows[-1], True), (rows[-2], False)):
+            before = smp.prefilter_rows
+            smp.sample_logits(row)
+            after = smp.prefilter_rows
+            assert (after[0] - before[0], after[1] - before[1]) == ((1, 0) if picked else (0, 1))
+    finally:
+        smp.free()
+
+
+def test_prefiltered_step_rows_with_banned_tokens_equal_whole_rows(tiny_model: Path) -> None:
+    """decode_batch_sample on several threads, each chain with a ban as ignore_eos makes it (and one boost):
+    the same tokens and logprobs with and without the prefilter."""
+    model = _llama.Model.load(tiny_model)
+    try:
+        runs = []
+        for prefilter in (True, False):
+            samplers = [_llama.Sampler(model, SamplingParams(seed=s, temperature=0.0 if s == 3 else 0.8,
+                                                             logit_bias={2: float("-inf"), 40 + s: 3.0}),
+                                       n_ctx=256, prefilter=prefilter) for s in range(4)]
+            assert all((smp.prefilter_k > 0) == prefilter for smp in samplers)
+            runs.append(_sampled_steps(model, samplers, 2, 16, 3))
+        assert runs[0] == runs[1]
+        assert all(tok != 2 for step in runs[0] for tok, _ in step)
+    finally:
+        model.free()
 
 
 def test_prefiltered_step_rows_equal_whole_rows(tiny_model: Path) -> None:

@@ -473,11 +473,20 @@ cdef class Context:
                          list out, int32_t n_vocab)
 
 
+cdef struct _Prefilter:
+    int32_t k  # > 0: _sample_row may hand the chain only the row's k largest (biased) logits
+    int32_t n_bias  # the chain's leading logit bias, token ids ascending (owned by the Sampler)
+    int32_t * bias_ids
+    float * bias_vals
+    int64_t n_picked  # rows handed to the chain as their k largest logits ...
+    int64_t n_whole  # ... and rows handed to it whole (ties, NaN)
+
+
 cdef class Sampler:
     cdef llama_sampler * chain
     cdef llama_sampler * grammar  # NULL without a grammar; kept out of the chain for rejection sampling
     cdef llama_token_data * cur   # n_vocab candidates of _sample_row
-    cdef readonly int32_t prefilter_k  # > 0: _sample_row may hand the chain only the row's prefilter_k largest logits
+    cdef _Prefilter pf
     cdef int32_t n_vocab
     cdef readonly Model model
     cdef readonly dict params
@@ -486,6 +495,7 @@ cdef class Sampler:
 
     cdef _init_grammar(self, grammar, str root)
     cdef _add_members(self, params, list bias, int n_ctx)
+    cdef _set_prefilter_bias(self, list bias)
     cdef _add_dry(self, params, int32_t last_n)
     cdef _add(self, llama_sampler * member)
     cdef llama_token _sample(self, llama_context * ctx, int32_t idx) noexcept nogil

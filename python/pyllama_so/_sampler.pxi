@@ -47,30 +47,38 @@ cdef extern from *:
     // logit) keeps exactly these, in the one order that has no ties, whether it is given the whole row or
     // only them. 0 when the row has a tie at or within its top k, a NaN, or at most k entries: the caller
     // then gives the chain the whole row.
-    static int32_t pyllama_so_top_candidates(const float * logits, int32_t n, int32_t k, llama_token_data * out) {
-        if (k <= 0 || k >= n) {
+    //
+    // With a logit bias ahead of top-k in the chain (n_bias tokens, ids ascending and distinct), the k
+    // largest are those of the biased row: the other tokens are offered with their own logits, then the
+    // biased ones with logit + bias, as llama.cpp's logit-bias sampler adds it. The candidates keep the row's
+    // own logits, since the chain's logit-bias sampler adds the bias again to whichever of them it names.
+    static int32_t pyllama_so_top_candidates(const float * logits, int32_t n, int32_t k, const int32_t * bias_ids,
+                                             const float * bias_vals, int32_t n_bias, llama_token_data * out) {
+        if (k <= 0 || k + n_bias >= n) {
             return 0;
         }
+        const auto biased = [&](int32_t i) { return n_bias > 0 && std::binary_search(bias_ids, bias_ids + n_bias, i); };
         const auto greater = [](const llama_token_data & a, const llama_token_data & b) { return a.logit > b.logit; };
-        for (int32_t i = 0; i < k; i++) {
+        int32_t i = 0;
+        for (int32_t m = 0; m < k; i++) {
             if (logits[i] != logits[i]) {
                 return 0;
             }
-            out[i] = { i, logits[i], 0.0f };
+            if (!biased(i)) {
+                out[m++] = { i, logits[i], 0.0f };
+            }
         }
         std::make_heap(out, out + k, greater); // out[0]: the smallest of the k kept so far
-        auto offer = [&](int32_t i) {
-            const float x = logits[i];
+        auto offer = [&](int32_t id, float x) {
             if (x > out[0].logit) {
                 std::pop_heap(out, out + k, greater);
-                out[k - 1] = { i, x, 0.0f };
+                out[k - 1] = { id, x, 0.0f };
                 std::push_heap(out, out + k, greater);
             }
         };
         // blocks of 32 that hold nothing above the heap's smallest (nor a NaN) are skipped by one vectorizable
         // test: after the first blocks that is almost all of them
         constexpr int32_t B = 32;
-        int32_t i = k;
         for (; i + B <= n; i += B) {
             const float thr = out[0].logit;
             int hit = 0;
@@ -80,10 +88,13 @@ cdef extern from *:
             }
             if (hit) {
                 for (int32_t j = 0; j < B; j++) {
-                    if (logits[i + j] != logits[i + j]) {
+                    const float x = logits[i + j];
+                    if (x != x) {
                         return 0;
                     }
-                    offer(i + j);
+                    if (x > out[0].logit && !biased(i + j)) {
+                        offer(i + j, x);
+                    }
                 }
             }
         }
@@ -91,46 +102,69 @@ cdef extern from *:
             if (logits[i] != logits[i]) {
                 return 0;
             }
-            offer(i);
+            if (!biased(i)) {
+                offer(i, logits[i]);
+            }
+        }
+        for (int32_t b = 0; b < n_bias; b++) {
+            const float x = logits[bias_ids[b]] + bias_vals[b];
+            if (x != x) {
+                return 0;
+            }
+            offer(bias_ids[b], x);
         }
         const float kth = out[0].logit;
         int32_t n_ge = 0;
         for (int32_t j = 0; j < n; j++) {
             n_ge += logits[j] >= kth;
         }
+        for (int32_t b = 0; b < n_bias; b++) { // count the biased tokens by their biased logits
+            const float x = logits[bias_ids[b]];
+            n_ge += (x + bias_vals[b] >= kth) - (x >= kth);
+        }
         if (n_ge != k) {
             return 0; // another entry equals the k-th largest
         }
         std::sort(out, out + k, greater);
-        for (int32_t i = 1; i < k; i++) {
-            if (out[i].logit == out[i - 1].logit) {
+        for (int32_t j = 1; j < k; j++) {
+            if (out[j].logit == out[j - 1].logit) {
                 return 0;
             }
+        }
+        for (int32_t j = 0; n_bias > 0 && j < k; j++) {
+            out[j].logit = logits[out[j].id];
         }
         return k;
     }
     """
     int32_t _top_candidates "pyllama_so_top_candidates"(const float * logits, int32_t n, int32_t k,
-                                                          llama_token_data * out) noexcept nogil
+                                                          const int32_t * bias_ids, const float * bias_vals,
+                                                          int32_t n_bias, llama_token_data * out) noexcept nogil
 
 
 cdef llama_token _sample_row(llama_sampler * chain, llama_sampler * grammar, llama_token_data * cur,
-                             int32_t n_vocab, const float * logits, int32_t prefilter_k) noexcept nogil:
+                             int32_t n_vocab, const float * logits, const void * prefilter) noexcept nogil:
     """Sample a token from a logits row with chain (and grammar) and accept it: llama_sampler_sample's work on
     a buffer of the sampler's own, so rows of different sequences can be sampled on several threads. A grammar
     is applied as llama.cpp's common sampler does: the chain draws first, and only a token the grammar
     rejects makes it draw again from the grammar-filtered row.
 
-    prefilter_k > 0 (Sampler.prefilter_k: a chain that starts with top-k, or is greedy, k = 1): the chain gets
-    only the row's k largest logits when they are distinct and above the rest, which is what its first member
-    would keep of the whole row; the same token, without writing n_vocab candidates."""
+    prefilter (the Sampler's _Prefilter) with k > 0 (a chain that starts with top-k, or is greedy, k = 1, after
+    at most a logit bias): the chain gets only the row's k largest (biased) logits when they are distinct and
+    above the rest, which is what its top-k would keep of the whole row; the same token, without writing n_vocab
+    candidates."""
     cdef llama_token_data_array arr
     cdef llama_token_data one
     cdef llama_token_data_array single
     cdef llama_token tok
     cdef int32_t i, n_cand = 0
-    if prefilter_k > 0 and grammar == NULL:
-        n_cand = _top_candidates(logits, n_vocab, prefilter_k, cur)
+    cdef _Prefilter * pf = <_Prefilter *> prefilter
+    if pf != NULL and pf.k > 0 and grammar == NULL:
+        n_cand = _top_candidates(logits, n_vocab, pf.k, pf.bias_ids, pf.bias_vals, pf.n_bias, cur)
+        if n_cand:
+            pf.n_picked += 1
+        else:
+            pf.n_whole += 1
     if n_cand == 0:
         for i in range(n_vocab):
             cur[i].id = i
@@ -167,19 +201,19 @@ cdef extern from *:
     #include <thread>
     #include <vector>
     typedef llama_token (*pyllama_so_row_sampler)(struct llama_sampler *, struct llama_sampler *,
-                                                  llama_token_data *, int32_t, const float *, int32_t);
+                                                  llama_token_data *, int32_t, const float *, const void *);
     // Rows of different sequences, each with its own chain and buffer, sampled on up to n_threads threads
     // (a server step's outputs: the chains share nothing).
     static void pyllama_so_sample_rows(pyllama_so_row_sampler fn, int n, struct llama_sampler ** chains,
                                        struct llama_sampler ** grammars, llama_token_data ** curs,
-                                       const int32_t * prefilter_ks, int32_t n_vocab, const float ** rows,
+                                       const void ** prefilters, int32_t n_vocab, const float ** rows,
                                        llama_token * out, int n_threads) {
         if (n_threads > n) {
             n_threads = n;
         }
         auto work = [=](int first) {
             for (int i = first; i < n; i += n_threads) {
-                out[i] = fn(chains[i], grammars[i], curs[i], n_vocab, rows[i], prefilter_ks[i]);
+                out[i] = fn(chains[i], grammars[i], curs[i], n_vocab, rows[i], prefilters[i]);
             }
         };
         if (n_threads <= 1) {
@@ -197,10 +231,10 @@ cdef extern from *:
     }
     """
     ctypedef llama_token (*_row_sampler_t)(llama_sampler *, llama_sampler *, llama_token_data *, int32_t,
-                                           const float *, int32_t) noexcept nogil
+                                           const float *, const void *) noexcept nogil
     void _sample_rows "pyllama_so_sample_rows"(_row_sampler_t fn, int n, llama_sampler ** chains,
                                                llama_sampler ** grammars, llama_token_data ** curs,
-                                               const int32_t * prefilter_ks, int32_t n_vocab, const float ** rows,
+                                               const void ** prefilters, int32_t n_vocab, const float ** rows,
                                                llama_token * out, int n_threads) nogil
 
 
@@ -212,10 +246,10 @@ cdef class Sampler:
     params: a pyllama_so.sampling.SamplingParams. n_ctx resolves penalty_last_n / dry_penalty_last_n -1
     (the whole context). grammar: GBNF text; it is applied as llama.cpp's common sampler does: the chain
     draws first, and only a token the grammar rejects makes it draw again from the grammar-filtered row.
-    prefilter: where the chain starts with top-k (k <= 128) or is greedy, pick the row's k largest logits
-    while reading it and give the chain only those when that is what its top-k would keep (distinct values,
-    above the rest), instead of all n_vocab candidates: the same tokens, faster (prefilter_k says which k).
-    False gives the chain every row whole.
+    prefilter: where the chain starts with top-k (k <= 128) or is greedy, after at most a logit bias, pick the
+    row's k largest (biased) logits while reading it and give the chain only those when that is what its top-k
+    would keep (distinct values, above the rest), instead of all n_vocab candidates: the same tokens, faster
+    (prefilter_k says which k). False gives the chain every row whole.
     """
 
     def __cinit__(self):
@@ -223,7 +257,12 @@ cdef class Sampler:
         self.grammar = NULL
         self.cur = NULL
         self.backend = None
-        self.prefilter_k = 0
+        self.pf.k = 0
+        self.pf.n_bias = 0
+        self.pf.bias_ids = NULL
+        self.pf.bias_vals = NULL
+        self.pf.n_picked = 0
+        self.pf.n_whole = 0
 
     def __init__(self, Model model, params, *, int n_ctx=0, grammar=None, str grammar_root="root",
                  bint prefilter=True):
@@ -244,8 +283,38 @@ cdef class Sampler:
         _null_check(self.chain, LlamaError, "llama_sampler_chain_init failed")
         self._add_members(params, bias, n_ctx)
         if not prefilter or self.grammar != NULL:
-            self.prefilter_k = 0
+            self.pf.k = 0
+        if self.pf.k > 0 and bias:
+            self._set_prefilter_bias(bias)
         self._ensure_cur()
+
+    cdef _set_prefilter_bias(self, list bias):
+        """The chain's leading logit bias, by token id ascending, for the prefilter; a token named twice (as
+        int and as str) gets both biases from llama.cpp, so such a chain takes whole rows."""
+        entries = sorted(bias)
+        if len({tok for tok, _ in entries}) != len(entries):
+            self.pf.k = 0
+            return
+        cdef int32_t i, n = len(entries)
+        self.pf.bias_ids = <int32_t *> malloc(n * sizeof(int32_t))
+        self.pf.bias_vals = <float *> malloc(n * sizeof(float))
+        if self.pf.bias_ids == NULL or self.pf.bias_vals == NULL:
+            raise MemoryError()
+        for i in range(n):
+            self.pf.bias_ids[i] = entries[i][0]
+            self.pf.bias_vals[i] = entries[i][1]
+        self.pf.n_bias = n
+
+    @property
+    def prefilter_k(self):
+        """> 0: rows may reach the chain as their prefilter_k largest (biased) logits; 0: always whole."""
+        return self.pf.k
+
+    @property
+    def prefilter_rows(self):
+        """(rows that reached the chain as their prefilter_k largest logits, rows the prefilter gave it whole:
+        ties at or within the top k, a NaN), counted since the sampler was made; (0, 0) with prefilter_k 0."""
+        return (self.pf.n_picked, self.pf.n_whole)
 
     cdef _init_grammar(self, grammar, str root):
         self.grammar = _grammar_sampler(self.model, grammar, root)
@@ -269,9 +338,10 @@ cdef class Sampler:
         if params.dry_multiplier > 0 and params.dry_base >= 1.0 and dry_last_n != 0:
             self._add_dry(params, dry_last_n)
         cdef float temp = params.temperature
+        cdef int lead = 1 if bias else 0  # members before which the prefilter can still take the row's top k
         if temp == 0:
-            if llama_sampler_chain_n(self.chain) == 0:
-                self.prefilter_k = 1  # greedy alone keeps the row's largest logit
+            if llama_sampler_chain_n(self.chain) == lead:
+                self.pf.k = 1  # greedy (after a logit bias) keeps the row's largest (biased) logit
             self._add(llama_sampler_init_greedy())
             return
         if params.mirostat_mode == 1:
@@ -286,8 +356,8 @@ cdef class Sampler:
         if params.top_n_sigma > 0:
             self._add(llama_sampler_init_top_n_sigma(params.top_n_sigma))
         if params.top_k > 0:
-            if llama_sampler_chain_n(self.chain) == 0 and params.top_k <= _PREFILTER_MAX_K:
-                self.prefilter_k = params.top_k  # the chain's first member keeps the top_k largest logits
+            if llama_sampler_chain_n(self.chain) == lead and params.top_k <= _PREFILTER_MAX_K:
+                self.pf.k = params.top_k  # the chain's top-k (after a logit bias) keeps the top_k largest logits
             self._add(llama_sampler_init_top_k(params.top_k))
         if params.typical_p < 1.0:
             self._add(llama_sampler_init_typical(params.typical_p, min_keep))
@@ -333,6 +403,12 @@ cdef class Sampler:
             self.grammar = NULL
         free(self.cur)
         self.cur = NULL
+        free(self.pf.bias_ids)
+        free(self.pf.bias_vals)
+        self.pf.bias_ids = NULL
+        self.pf.bias_vals = NULL
+        self.pf.n_bias = 0
+        self.pf.k = 0
 
     @property
     def closed(self):
@@ -365,7 +441,7 @@ cdef class Sampler:
         cdef const float * logits = llama_get_logits_ith(ctx, idx)
         if logits == NULL:  # llama_sampler_sample would abort
             return LLAMA_TOKEN_NULL
-        return _sample_row(self.chain, self.grammar, self.cur, self.n_vocab, logits, self.prefilter_k)
+        return _sample_row(self.chain, self.grammar, self.cur, self.n_vocab, logits, &self.pf)
 
     cdef int _ensure_cur(self) except -1:
         """The candidates buffer of _sample_row (n_vocab entries), allocated at first use."""
@@ -398,7 +474,7 @@ cdef class Sampler:
         self._ensure_cur()
         cdef llama_token tok
         with nogil:
-            tok = _sample_row(self.chain, self.grammar, self.cur, self.n_vocab, &row[0], self.prefilter_k)
+            tok = _sample_row(self.chain, self.grammar, self.cur, self.n_vocab, &row[0], &self.pf)
         if tok == LLAMA_TOKEN_NULL:
             raise LlamaError("the sampler chain selected no token")
         return tok
@@ -506,7 +582,7 @@ cdef class _StepRows:
     cdef llama_sampler ** cpu_chains
     cdef llama_sampler ** cpu_grammars
     cdef llama_token_data ** cpu_curs
-    cdef int32_t * cpu_prefilter
+    cdef const void ** cpu_prefilter  # each row's Sampler.pf
     cdef const float ** srcs
     cdef llama_token * picked
 
@@ -532,7 +608,7 @@ cdef class _StepRows:
         self.cpu_chains = <llama_sampler **> malloc(m * sizeof(void *))
         self.cpu_grammars = <llama_sampler **> malloc(m * sizeof(void *))
         self.cpu_curs = <llama_token_data **> malloc(m * sizeof(void *))
-        self.cpu_prefilter = <int32_t *> malloc(m * sizeof(int32_t))
+        self.cpu_prefilter = <const void **> malloc(m * sizeof(void *))
         self.srcs = <const float **> malloc(m * sizeof(void *))
         self.picked = <llama_token *> malloc(m * sizeof(llama_token))
         if (self.at == NULL or self.graph_chain == NULL or self.top_n == NULL or self.top_off == NULL
@@ -549,7 +625,7 @@ cdef class _StepRows:
             if smp.backend is None:
                 self.cpu_row[self.n_cpu], self.cpu_chains[self.n_cpu] = i, smp.chain
                 self.cpu_grammars[self.n_cpu], self.cpu_curs[self.n_cpu] = smp.grammar, smp.cur
-                self.cpu_prefilter[self.n_cpu] = smp.prefilter_k
+                self.cpu_prefilter[self.n_cpu] = &smp.pf
                 self.n_cpu += 1
 
     def __dealloc__(self):
