@@ -1,6 +1,7 @@
 """scripts/so-timeline draws a PNG from an Nsight Systems SQLite export (here a small synthetic one)."""
 from __future__ import annotations
 
+import gzip
 import sqlite3
 import subprocess
 import sys
@@ -105,3 +106,13 @@ def test_steps_and_top_kernels_from_a_cupti_csv(tmp_path: Path) -> None:
     assert "GPU0: kernels 6.000 ms a step (60.0 %), copy end to the next kernel 3.000 ms" in out
     assert "kernel mul_mat: 5 calls, 25.00 ms" in out and "kernel rms_norm: 5 calls, 5.00 ms" in out
     assert out.index("kernel mul_mat") < out.index("kernel rms_norm")
+
+    window = tmp_path / "window.csv.gz"
+    res = subprocess.run([sys.executable, str(SCRIPT), str(trace), "--no-plot", "--window-ms", "15", "--end-ms", "49",
+                          "--write-window", str(window)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    with gzip.open(window, "rt") as f:
+        kept = f.read().splitlines()
+    # [34, 49] ms: the records of steps 3 (its matmul ends at 35 ms) and 4, and nothing of the others
+    assert kept[0] == lines[0] and kept[1:] == lines[1 + 4 * 3:]
+    assert "(8 records of the window)" in res.stdout
