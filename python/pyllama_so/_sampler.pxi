@@ -76,6 +76,11 @@ cdef extern from *:
                 std::push_heap(out, out + k, greater);
             }
         };
+        auto offer_unbiased = [&](int32_t i) { // a biased token comes later, with its bias
+            if (logits[i] > out[0].logit && !biased(i)) {
+                offer(i, logits[i]);
+            }
+        };
         // blocks of 32 that hold nothing above the heap's smallest (nor a NaN) are skipped by one vectorizable
         // test: after the first blocks that is almost all of them
         constexpr int32_t B = 32;
@@ -88,13 +93,10 @@ cdef extern from *:
             }
             if (hit) {
                 for (int32_t j = 0; j < B; j++) {
-                    const float x = logits[i + j];
-                    if (x != x) {
+                    if (logits[i + j] != logits[i + j]) {
                         return 0;
                     }
-                    if (x > out[0].logit && !biased(i + j)) {
-                        offer(i + j, x);
-                    }
+                    offer_unbiased(i + j);
                 }
             }
         }
@@ -102,9 +104,7 @@ cdef extern from *:
             if (logits[i] != logits[i]) {
                 return 0;
             }
-            if (!biased(i)) {
-                offer(i, logits[i]);
-            }
+            offer_unbiased(i);
         }
         for (int32_t b = 0; b < n_bias; b++) {
             const float x = logits[bias_ids[b]] + bias_vals[b];
