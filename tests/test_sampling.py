@@ -4,6 +4,8 @@ effect a test can see, logprobs equal a log-softmax of eval()'s logits, and bad 
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -361,6 +363,44 @@ def test_a_steps_rows_sampled_on_several_threads_equal_one_thread(tiny_model: Pa
             return [_llama.Sampler(model, p, n_ctx=256) for p in params] + [
                 _llama.Sampler(model, SamplingParams(seed=9), n_ctx=256, grammar='root ::= [a-z ]+')]
         assert _sampled_steps(model, samplers(), 1, 12, 2) == _sampled_steps(model, samplers(), 4, 12, 2)
+    finally:
+        model.free()
+
+
+def _native_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_sampling_threads_are_kept_between_steps_and_end_with_the_context(tiny_model: Path) -> None:
+    """A step's rows are sampled on worker threads the context keeps: a thread count changed between steps
+    (the pool grows, or leaves workers idle) gives one thread's tokens, the workers outlive a step, and they
+    exit when the context is freed."""
+    model = _llama.Model.load(tiny_model)
+    try:
+        def samplers() -> list[_llama.Sampler]:
+            return [_llama.Sampler(model, SamplingParams(seed=s, temperature=1.0), n_ctx=256) for s in range(4)]
+        before = _native_threads()
+        ctx = _llama.Context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_threads=1)
+        runs = []
+        for counts in ([1] * 8, [2, 4, 1, 3, 4, 2, 1, 4]):
+            smps, toks, out = samplers(), [[5, 6, 7], [8, 9], [10], [11, 12]], []
+            ctx.clear()
+            for n in counts:
+                ctx.sampling_threads = n
+                got = ctx.decode_batch_sample([(s, t, smp, None) for s, (t, smp) in enumerate(zip(toks, smps))])
+                toks = [[g[0]] for g in got]
+                out.append([g[0] for g in got])
+            for smp in smps:
+                smp.free()
+            runs.append(out)
+        assert runs[0] == runs[1]
+        assert _native_threads() >= before + 3  # the three workers of the four-thread steps, waiting
+        ctx.free()
+        deadline = time.monotonic() + 10
+        while _native_threads() > before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _native_threads() <= before
     finally:
         model.free()
 

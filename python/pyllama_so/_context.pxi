@@ -57,6 +57,7 @@ cdef class Context:
         self.ptr = NULL
         self.batch_cap = 0
         self.backend_samplers = {}
+        self.row_pool = _row_pool_new()
         # the rows of a step are sampled in parallel, on 3/4 of the CPUs this process may use: on 16 cores,
         # 12 threads sampled 32 rows 6 % faster than 8, 15 no faster than 12 (docs/benchmarks.md)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -117,6 +118,8 @@ cdef class Context:
             for smp in self.backend_samplers.values():
                 (<Sampler> smp).backend = None
             self.backend_samplers.clear()
+        _row_pool_free(self.row_pool)
+        self.row_pool = NULL
         if self.ptr != NULL:
             llama_free(self.ptr)
             self.ptr = NULL
@@ -490,7 +493,7 @@ cdef class Context:
         self.begun = None  # from here on the step is consumed, whatever happens
         with nogil:
             llama_synchronize(ctx)
-            err = step_rows.sample(ctx, n_threads)
+            err = step_rows.sample(ctx, self.row_pool, n_threads)
             t_sampled = _now_ns()
             if not err:
                 for i in range(n_here):
@@ -652,7 +655,7 @@ cdef class Context:
         cdef int n_threads = self.sampling_threads
         with nogil:
             llama_synchronize(self.ptr)
-            err = step_rows.sample(self.ptr, n_threads)
+            err = step_rows.sample(self.ptr, self.row_pool, n_threads)
         _check_sampled(err)
         for k, i in enumerate(at):
             out[rows[start + i]] = step_rows.output(k)

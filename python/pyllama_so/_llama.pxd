@@ -430,6 +430,14 @@ cdef _check_decode(int rc, str what, str call=*)
 cdef _null_check(const void * ptr, exc_type, str what)
 
 
+cdef extern from "row-pool.h":
+    # the worker threads of a Context that sample a step's output rows
+    ctypedef struct _RowPool "pyllama_so_row_pool":
+        pass
+    _RowPool * _row_pool_new "pyllama_so_row_pool_new"() nogil
+    void _row_pool_free "pyllama_so_row_pool_free"(_RowPool * pool) nogil
+
+
 cdef class Model:
     cdef llama_model * ptr
     cdef const llama_vocab * vocab
@@ -460,6 +468,7 @@ cdef class Context:
     cdef uint64_t rng
     cdef dict backend_samplers  # seq_id -> Sampler attached with set_backend_sampler (kept alive here)
     cdef public int sampling_threads  # threads that sample a step's output rows (decode_batch_sample)
+    cdef _RowPool * row_pool  # those threads but the caller's, started when first needed
     cdef readonly bint embeddings  # decodes output embeddings (set_embeddings)
     cdef object begun  # the step decode_batch_sample_begin left running, until decode_batch_sample_end
 

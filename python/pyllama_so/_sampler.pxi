@@ -198,36 +198,38 @@ cdef llama_token _sample_row(llama_sampler * chain, llama_sampler * grammar, lla
 
 cdef extern from *:
     """
-    #include <thread>
-    #include <vector>
     typedef llama_token (*pyllama_so_row_sampler)(struct llama_sampler *, struct llama_sampler *,
                                                   llama_token_data *, int32_t, const float *, const void *);
-    // Rows of different sequences, each with its own chain and buffer, sampled on up to n_threads threads
-    // (a server step's outputs: the chains share nothing).
+    struct pyllama_so_rows_job {
+        pyllama_so_row_sampler fn;
+        int n, n_parts;
+        struct llama_sampler ** chains;
+        struct llama_sampler ** grammars;
+        llama_token_data ** curs;
+        const void ** prefilters;
+        int32_t n_vocab;
+        const float ** rows;
+        llama_token * out;
+    };
+    static void pyllama_so_rows_part(void * arg, int part) {
+        const pyllama_so_rows_job * job = (const pyllama_so_rows_job *) arg;
+        for (int i = part; i < job->n; i += job->n_parts) {
+            job->out[i] = job->fn(job->chains[i], job->grammars[i], job->curs[i], job->n_vocab, job->rows[i],
+                                  job->prefilters[i]);
+        }
+    }
+    // Rows of different sequences, each with its own chain and buffer, sampled on up to n_threads threads of
+    // pool (a server step's outputs: the chains share nothing).
     static void pyllama_so_sample_rows(pyllama_so_row_sampler fn, int n, struct llama_sampler ** chains,
                                        struct llama_sampler ** grammars, llama_token_data ** curs,
                                        const void ** prefilters, int32_t n_vocab, const float ** rows,
-                                       llama_token * out, int n_threads) {
-        if (n_threads > n) {
-            n_threads = n;
+                                       llama_token * out, pyllama_so_row_pool * pool, int n_threads) {
+        pyllama_so_rows_job job = { fn, n, n_threads < n ? n_threads : n, chains, grammars, curs, prefilters,
+                                    n_vocab, rows, out };
+        if (job.n_parts < 1) {
+            job.n_parts = 1;
         }
-        auto work = [=](int first) {
-            for (int i = first; i < n; i += n_threads) {
-                out[i] = fn(chains[i], grammars[i], curs[i], n_vocab, rows[i], prefilters[i]);
-            }
-        };
-        if (n_threads <= 1) {
-            work(0);
-            return;
-        }
-        std::vector<std::thread> workers;
-        for (int t = 1; t < n_threads; t++) {
-            workers.emplace_back(work, t);
-        }
-        work(0);
-        for (auto & w : workers) {
-            w.join();
-        }
+        pyllama_so_row_pool_run(pool, job.n_parts, pyllama_so_rows_part, &job);
     }
     """
     ctypedef llama_token (*_row_sampler_t)(llama_sampler *, llama_sampler *, llama_token_data *, int32_t,
@@ -235,7 +237,7 @@ cdef extern from *:
     void _sample_rows "pyllama_so_sample_rows"(_row_sampler_t fn, int n, llama_sampler ** chains,
                                                llama_sampler ** grammars, llama_token_data ** curs,
                                                const void ** prefilters, int32_t n_vocab, const float ** rows,
-                                               llama_token * out, int n_threads) nogil
+                                               llama_token * out, _RowPool * pool, int n_threads) nogil
 
 
 cdef class Sampler:
@@ -635,9 +637,9 @@ cdef class _StepRows:
         free(self.cpu_prefilter); free(self.srcs)
         free(self.picked)
 
-    cdef int sample(self, llama_context * ctx, int n_threads) noexcept nogil:
+    cdef int sample(self, llama_context * ctx, _RowPool * pool, int n_threads) noexcept nogil:
         """Sample every row of ctx's last decode (which must have finished: llama_synchronize): chains in the
-        graph one by one, the others together on n_threads threads, then the logprobs asked for, before the
+        graph one by one, the others together on n_threads threads (of pool), then the logprobs asked for, before the
         next decode replaces the rows. 0, or 1 when a row has no logits, 2 when a chain selected no token."""
         cdef int32_t i, j, m = 0
         for i in range(self.n):  # in row order: the first llama_get_logits_ith call may reorder the outputs
@@ -651,7 +653,7 @@ cdef class _StepRows:
                 return 1
             m += 1
         _sample_rows(_sample_row, self.n_cpu, self.cpu_chains, self.cpu_grammars, self.cpu_curs,
-                     self.cpu_prefilter, self.n_vocab, self.srcs, self.picked, n_threads)
+                     self.cpu_prefilter, self.n_vocab, self.srcs, self.picked, pool, n_threads)
         for j in range(self.n_cpu):
             i = self.cpu_row[j]
             self.tok[i] = self.picked[j]
