@@ -102,12 +102,19 @@ def test_steps_and_top_kernels_from_a_cupti_csv(tmp_path: Path) -> None:
                           "--top-kernels", "2", "--steps-d2h", str(1 << 20)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "steps: 4 cut at D2H copies" in out and "period 10.000 ms, the copy 1.000 ms (20.0 MiB)" in out
-    assert "GPU0: kernels 6.000 ms a step (60.0 %), copy end to the next kernel 3.000 ms" in out
+    assert "steps: 4 cut at D2H copies" in out
+    assert "period 10.000 ms (p50 10.000, p90 10.000), the copy 1.000 ms (20.0 MiB)" in out
+    assert "GPU0: kernels 6.000 ms a step (60.0 %), copy end to the next kernel 3.000 ms (p50 3.000, p90 3.000)" in out
     assert "kernel mul_mat: 5 calls, 25.00 ms" in out and "kernel rms_norm: 5 calls, 5.00 ms" in out
     assert out.index("kernel mul_mat") < out.index("kernel rms_norm")
 
     window = tmp_path / "window.csv.gz"
+    # the last kernel ends at 46 ms: -end-ms -3 is 43 ms after the first, as 49 would be 49
+    res = subprocess.run([sys.executable, str(SCRIPT), str(trace), "--no-plot", "--window-ms", "30", "--end-ms", "-3",
+                          "--steps-d2h", str(1 << 20)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "steps: 2 cut at D2H copies" in res.stdout  # the copies ending at 17, 27 and 37 ms of [13, 43]
+
     res = subprocess.run([sys.executable, str(SCRIPT), str(trace), "--no-plot", "--window-ms", "15", "--end-ms", "49",
                           "--write-window", str(window)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
