@@ -12,6 +12,7 @@ import re
 import socket
 import subprocess
 import sys
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -434,6 +435,27 @@ def test_prefill_chunk_sets_the_prompt_tokens_of_a_step_while_slots_generate(tin
     pieces = [n for st in steps for slot, n, kind in st.items if slot == 1 and kind == "prefill"]
     assert pieces == [chunk] * (200 // chunk) + ([200 % chunk] if 200 % chunk else [])
     assert "".join(texts) == want_b[0]
+
+
+def test_step_log_has_a_line_per_step_with_its_tokens(tiny_model: Path, tmp_path: Path) -> None:
+    """--step-log FILE: one JSON line per decode step; the prompt tokens of its lines add up to the prompt's, the
+    generating slots to the tokens generated after the first (sampled at the prompt's end), in step order and
+    time, each step's phases within its time. A path that cannot be written stops the start."""
+    log_path = tmp_path / "steps.jsonl"
+    prompt = unique_tokens(21, 40)
+    with Server(["-m", str(tiny_model), "-c", "512", "-np", "2", "-b", "64", "-ub", "16", "--step-log", str(log_path)]) as s:
+        r = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 6
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(len(lines)))
+    assert sum(x["prompt_tokens"] for x in lines) == len(prompt)
+    assert sum(x["generating"] for x in lines) == 5
+    assert all(a["t_start_s"] < b["t_start_s"] for a, b in zip(lines, lines[1:]))
+    for x in lines:
+        assert x["ms"] > 0 and x["issue_ms"] + x["stream_ms"] + x["wait_ms"] <= x["ms"] + 1e-3, x
+    bad = server_main(["-m", str(tiny_model), "--step-log", str(tmp_path / "no" / "such" / "dir" / "steps.jsonl")])
+    assert bad == 1
 
 
 def test_idle_time_is_not_host_time(tiny_model: Path) -> None:

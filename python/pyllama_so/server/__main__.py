@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import logging
 import os
 import socket
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import TextIO
 
 from pyllama_so import _llama
 from pyllama_so import args as A
@@ -45,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
                     help="the most prompt tokens a step takes while slots generate: larger gives prompts more "
                     "throughput, smaller keeps the generating streams' inter-token latency down (default: -ub; "
                     "llama-server's schedule is -b)")
+    ap.add_argument("--step-log", type=Path, default=None, metavar="FILE",
+                    help="write one JSON line per decode step to FILE: its generating slots, prompt tokens, "
+                    "and milliseconds in each phase (what a load's time went to)")
     ap.add_argument("--host", default=A.env_default("HOST", "127.0.0.1"),
                     help="address to listen on (env LLAMA_ARG_HOST; default 127.0.0.1, loopback only)")
     ap.add_argument("--port", type=A.tcp_port(0), default=A.env_default("PORT", "8080"),
@@ -173,6 +178,13 @@ def _main(argv: list[str] | None) -> int:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     _llama.set_log_level("info" if ns.verbose else "error")
+    step_log = None
+    if ns.step_log is not None:
+        try:  # before the model: a path that cannot be written is found at once
+            step_log = open(ns.step_log, "w", encoding="utf-8")  # closed after serve
+        except OSError as e:
+            print(f"server: error: --step-log {ns.step_log}: {e.strerror}", file=sys.stderr)
+            return 1
     try:
         sock = listening_socket(ns.host, ns.port)  # before the model: a port in use is found at once
     except OSError as e:
@@ -183,22 +195,24 @@ def _main(argv: list[str] | None) -> int:
         if not path.is_file():
             print(f"server: model file not found: {path}", file=sys.stderr)
             return 1
-        return serve(ns, path, sock, *params, defaults)
+        return serve(ns, path, sock, *params, defaults, step_log)
     except (_llama.LlamaError, ValueError, OSError, ImportError) as e:
         print(f"server: error: {e}", file=sys.stderr)
         return 1
     finally:
         sock.close()
+        if step_log is not None:
+            step_log.close()
 
 
 def serve(ns: argparse.Namespace, path: Path, sock: socket.socket, model_params: ModelParams,
-          context_params: ContextParams, defaults: ServerDefaults) -> int:
+          context_params: ContextParams, defaults: ServerDefaults, step_log: TextIO | None = None) -> int:
     import uvicorn
 
     from pyllama_so.server import chat
     from pyllama_so.server.app import create_app
     from pyllama_so.server.embeddings import EmbeddingService
-    from pyllama_so.server.engine import Engine
+    from pyllama_so.server.engine import Engine, Step
 
     class Server(uvicorn.Server):
         """uvicorn's server, on whose first SIGINT or SIGTERM requests get --shutdown-grace seconds (the
@@ -228,8 +242,12 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket, model_params:
             log.warning("split overlap stays off: %s", lanes["reason"])
         embedder = (EmbeddingService.create(model, model_params, context_params, ns.pooling, ns.embd_normalize)
                     if ns.embedding else None)
+        on_step = None
+        if step_log is not None:  # on the engine thread, while the next step runs
+            def on_step(step: Step) -> None:
+                step_log.write(json.dumps(step.as_record()) + "\n")
         engine = Engine(ctx, queue_size=ns.queue_size, backend_sampling=ns.backend_sampling,
-                        prefill_chunk=ns.prefill_chunk)
+                        prefill_chunk=ns.prefill_chunk, on_step=on_step)
         model_id = ns.alias or path.name
         meta = {"path": str(path), "desc": model.desc, "n_params": model.n_params, "size": model.size,
                 "split_mode": ns.split_mode, "split_overlap": ns.split_overlap}

@@ -259,7 +259,7 @@ class Step:
     and its start (reading the outputs, admitting, building the batch): the time the devices wait for the
     host. seconds is issue_seconds (building the batch and llama_decode's return: graph, scheduling,
     launches), stream_seconds (while it runs: the snapshot and the text of the step before) and
-    wait_seconds (for the devices, then sampling its rows)."""
+    wait_seconds (for the devices, then sampling its rows). t_start: time.perf_counter() at its start."""
 
     index: int
     items: tuple[tuple[int, int, str], ...]
@@ -268,6 +268,16 @@ class Step:
     issue_seconds: float = 0.0
     stream_seconds: float = 0.0
     wait_seconds: float = 0.0
+    t_start: float = 0.0
+
+    def as_record(self) -> dict[str, Any]:
+        """One line of the server's --step-log: the step's slots by kind, its tokens and phases in ms."""
+        gen = [n for _, n, kind in self.items if kind == "generate"]
+        prompt = [n for _, n, kind in self.items if kind != "generate"]
+        record = {"step": self.index, "t_start_s": round(self.t_start, 6), "generating": len(gen),
+                  "prompt_slots": len(prompt), "prompt_tokens": sum(prompt), "ms": round(1e3 * self.seconds, 4)}
+        record.update({f"{k}_ms": round(1e3 * getattr(self, f"{k}_seconds"), 4) for k in STEP_PHASES})
+        return record
 
 
 STEP_PHASES = ("host", "issue", "stream", "wait")  # Step's *_seconds, as /engine's step_phase_ms names them
@@ -696,7 +706,8 @@ class Engine:
         # the host's gap between the end of the step before and this one's start (0 for the first)
         host = self._t_step_start - self._t_step_end if self._t_step_end is not None else 0.0
         step = Step(self._steps, self._running_kinds, t1 - self._t_step_start, max(host, 0.0),
-                    issue_seconds=self._issue_seconds, stream_seconds=t_wait - self._t_issued, wait_seconds=t1 - t_wait)
+                    issue_seconds=self._issue_seconds, stream_seconds=t_wait - self._t_issued, wait_seconds=t1 - t_wait,
+                    t_start=self._t_step_start)
         self._t_step_end = t1
         self._steps += 1
         self._steps_by_slots[len(items)] = self._steps_by_slots.get(len(items), 0) + 1
