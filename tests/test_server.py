@@ -32,7 +32,7 @@ from pyllama_so.bench.runner import DEFAULTS
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.server.__main__ import main as server_main
 from pyllama_so.server.__main__ import parser as server_parser
-from pyllama_so.server.engine import Delta, Done, Engine, Event, Job, Step
+from pyllama_so.server.engine import Delta, Done, Engine, Event, Job, Step, id_runs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from server_process import ServerProcess  # noqa: E402  (shared with scripts/server-scenario)
@@ -456,6 +456,47 @@ def test_step_log_has_a_line_per_step_with_its_tokens(tiny_model: Path, tmp_path
         assert x["ms"] > 0 and x["issue_ms"] + x["stream_ms"] + x["wait_ms"] <= x["ms"] + 1e-3, x
     bad = server_main(["-m", str(tiny_model), "--step-log", str(tmp_path / "no" / "such" / "dir" / "steps.jsonl")])
     assert bad == 1
+
+
+def test_a_request_takes_a_free_slot_next_to_the_busy_ones(tiny_model: Path) -> None:
+    """Four slots: a, b and c take slots 0, 1 and 2; c ends, then a. d, whose prompt no slot holds, takes slot 2
+    (next to b's slot 1, the least recently used of 0 and 2) rather than slot 3, never used but apart from b:
+    llama.cpp would cut each step of b and d into two ubatches. A slot holding a prefix of the prompt still
+    comes first: e takes slot 0, which holds a's prompt. id_runs counts the runs of consecutive ids."""
+    assert [id_runs(ids) for ids in ([], [3], [0, 1, 2], [1, 3], [0, 1, 3, 5, 6], [2, 2, 3])] == [0, 1, 1, 2, 3, 1]
+    model = _llama.Model.load(tiny_model, n_gpu_layers=0)
+    ctx = _llama.Context(model, n_ctx=4 * SLOT_CTX, n_batch=64, n_ubatch=16, n_seq_max=4, n_threads=2)
+    ended: dict[str, Done] = {}
+    done = {k: threading.Event() for k in "abcde"}
+    # random tokens with no BOS, as a load's: no two prompts share their first token
+    prompts = {k: [100 * i + 3, *np.random.default_rng(30 + i).integers(3, 500, 11).tolist()] for i, k in enumerate("abcd")}
+    prompts["e"] = prompts["a"] + [7, 8, 9]
+
+    def job(name: str, max_tokens: int) -> Job:
+        def emit(ev: Event) -> None:
+            if not isinstance(ev, Delta):
+                assert isinstance(ev, Done), ev
+                ended[name] = ev
+                done[name].set()
+        return Job(prompts[name], emit, max_tokens=max_tokens, sampling=GREEDY, ignore_eos=True)
+
+    engine = Engine(ctx)
+    engine.start()
+    try:
+        for name, n in (("a", 6), ("b", 200), ("c", 2)):
+            engine.submit(job(name, n))
+        assert done["c"].wait(60) and done["a"].wait(60)
+        assert not done["b"].is_set()
+        engine.submit(job("d", 4))
+        assert done["d"].wait(60)
+        engine.submit(job("e", 2))  # slots 0, 2 (d's, now free) and 3 are free
+        assert done["e"].wait(60) and done["b"].wait(60)
+    finally:
+        engine.stop()
+        ctx.free()
+        model.free()
+    assert [ended[k].slot for k in "abcde"] == [0, 1, 2, 2, 0]
+    assert ended["e"].usage.prompt_tokens == len(prompts["e"])
 
 
 def test_idle_time_is_not_host_time(tiny_model: Path) -> None:

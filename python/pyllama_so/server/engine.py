@@ -6,7 +6,8 @@ prefill_chunk prompt tokens (n_ubatch by default: a long prompt delays the runni
 one ubatch per token, not by its whole prefill), otherwise up to n_batch, whose ubatches split overlap alternates
 between its lanes. A slot keeps the tokens of its last request in its part of the KV cache; a request
 goes to the free slot holding the longest prefix of its prompt (or to the one it names, id_slot, once
-that is free), and only the rest is evaluated.
+that is free), and only the rest is evaluated; among equals, to one next to the busy slots, since a step
+takes a ubatch per run of consecutive slot ids.
 
 A step is left running on the devices while the thread streams the text of the step before it
 (Context.decode_batch_sample_begin/_end): whether a slot goes on is decided from its sampled token
@@ -271,11 +272,13 @@ class Step:
     t_start: float = 0.0
 
     def as_record(self) -> dict[str, Any]:
-        """One line of the server's --step-log: the step's slots by kind, its tokens and phases in ms."""
+        """One line of the server's --step-log: the step's slots by kind, its tokens, the runs of consecutive ids its
+        slots make (llama.cpp's ubatches: one per run at least) and its phases in ms."""
         gen = [n for _, n, kind in self.items if kind == "generate"]
         prompt = [n for _, n, kind in self.items if kind != "generate"]
         record = {"step": self.index, "t_start_s": round(self.t_start, 6), "generating": len(gen),
-                  "prompt_slots": len(prompt), "prompt_tokens": sum(prompt), "ms": round(1e3 * self.seconds, 4)}
+                  "prompt_slots": len(prompt), "prompt_tokens": sum(prompt),
+                  "slot_runs": id_runs([slot for slot, _, _ in self.items]), "ms": round(1e3 * self.seconds, 4)}
         record.update({f"{k}_ms": round(1e3 * getattr(self, f"{k}_seconds"), 4) for k in STEP_PHASES})
         return record
 
@@ -347,6 +350,12 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(differ[0]) if differ.size else n
+
+
+def id_runs(ids: Sequence[int]) -> int:
+    """How many runs of consecutive numbers the distinct ids make ({0, 1, 2, 5}: 2)."""
+    v = sorted(set(ids))
+    return sum(1 for a, b in zip([None, *v], v) if a is None or b != a + 1)
 
 
 class Engine:
@@ -753,8 +762,9 @@ class Engine:
         return taken
 
     def _admit(self, job: Job) -> None:
-        """Give a job taken from the queue the free slot holding the longest prefix of its prompt, the least
-        recently used among equals."""
+        """Give a job taken from the queue the free slot holding the longest prefix of its prompt; among equals,
+        one that leaves the busy slots' ids in the fewest runs of consecutive ids (llama.cpp cuts a step into a
+        ubatch per run: a gap costs every step a pass over the weights more), then the least recently used."""
         if job.cancelled:
             self._end(job, None)
             return
@@ -768,8 +778,9 @@ class Engine:
             self._end(job, Failed(str(e)))
             return
         free = [s for s in self._slots if s.job is None and (job.id_slot is None or s.id == job.id_slot)]
-        prefix, _, slot = max(((common_prefix(s.tokens, job.prompt), -s.last_used, s) for s in free),
-                              key=lambda c: c[:2])
+        busy = [s.id for s in self._slots if s.job is not None]
+        prefix, _, _, slot = max(((common_prefix(s.tokens, job.prompt), -id_runs([*busy, s.id]), -s.last_used, s)
+                                  for s in free), key=lambda c: c[:3])
         keep = min(prefix, len(job.prompt) - 1) if job.cache_prompt else 0  # one token gives the logits
         if keep < len(slot.tokens):
             try:
