@@ -1,10 +1,13 @@
 """scripts/step-log-summary on a made-up --step-log: runs cut at idle gaps, steps by kind, time between steps."""
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "step-log-summary"
 
@@ -41,6 +44,18 @@ def test_runs_kinds_and_gaps(tmp_path: Path) -> None:
         assert r["generate_only"]["steps"] == 30 and abs(r["generate_only"]["mean_ms"] - 10.0) < 1e-9
         assert r["with_prompt"]["steps"] == 1 and r["with_prompt"]["prompt_tokens_mean"] == 512
     assert "generate only" in res.stdout and "with prompt" in res.stdout
+
+    packed = tmp_path / "steps.jsonl.gz"  # a gzipped log reads the same; two logs, one plot
+    packed.write_bytes(gzip.compress(log.read_bytes()))
+    png = tmp_path / "steps.png"
+    pytest.importorskip("matplotlib")
+    res = subprocess.run([sys.executable, str(SCRIPT), str(log), str(packed), "--plot", str(png), "--plot-run", "1",
+                          "--labels", "a,b"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("| 1 | 31 |") == 2 and png.read_bytes().startswith(b"\x89PNG")
+    res = subprocess.run([sys.executable, str(SCRIPT), str(log), "--plot", str(png), "--plot-run", "2"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "no run 2" in res.stderr
 
 
 def test_not_a_step_log(tmp_path: Path) -> None:
