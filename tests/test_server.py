@@ -499,6 +499,57 @@ def test_a_request_takes_a_free_slot_next_to_the_busy_ones(tiny_model: Path) -> 
     assert ended["e"].usage.prompt_tokens == len(prompts["e"])
 
 
+def test_closed_loop_streams_keep_their_slots_in_one_run(tiny_model: Path) -> None:
+    """A load as scripts/server-load makes it: one warm-up request, then 8 streams of 32 requests in 32 slots, each
+    stream sending its next request when one ends, random prompts of 24 tokens (a slot may hold a prompt with the
+    same first token: a prefix too short to pick the slot for). Every step of 8 generating slots holds one run of
+    consecutive slot ids, so llama.cpp takes it as one ubatch (with the least recently used free slot alone, the
+    warm-up's slot 0 joined the last round's slots 25-31: two ubatches a step; with any prefix first, a request
+    whose first token matched went apart from the others)."""
+    model = _llama.Model.load(tiny_model, n_gpu_layers=0)
+    ctx = _llama.Context(model, n_ctx=32 * 128, n_batch=512, n_ubatch=512, n_seq_max=32, n_threads=2)
+    steps: list[Step] = []
+    rng = np.random.default_rng(7)
+    lock = threading.Lock()
+    ended = threading.Semaphore(0)
+    to_send = [32]
+    engine = Engine(ctx)
+
+    def send() -> None:
+        def emit(ev: Event) -> None:
+            if isinstance(ev, Delta):
+                return
+            with lock:
+                if to_send[0] > 0:
+                    to_send[0] -= 1
+                    send()
+            ended.release()
+        engine.submit(Job(rng.integers(3, 500, 24).tolist(), emit, max_tokens=40, sampling=GREEDY, ignore_eos=True))
+
+    engine.start()
+    try:
+        warm = threading.Event()
+        engine.submit(Job(rng.integers(3, 500, 24).tolist(), lambda ev: None if isinstance(ev, Delta) else warm.set(),
+                          max_tokens=4, sampling=GREEDY))
+        assert warm.wait(60)
+        engine.on_step = steps.append
+        with lock:
+            for _ in range(8):
+                to_send[0] -= 1
+                send()
+        for _ in range(32):
+            assert ended.acquire(timeout=120)
+    finally:
+        engine.stop()
+        ctx.free()
+        model.free()
+    full = [[slot for slot, _, kind in st.items if kind == "generate"] for st in steps]
+    split = [id_runs(ids) > 1 for ids in full if len(ids) == 8]
+    print(f"{sum(split)} of {len(split)} steps split")
+    assert len(split) > 100
+    assert sum(split) == 0
+
+
 def test_idle_time_is_not_host_time(tiny_model: Path) -> None:
     """In the engine (no HTTP): a step after the engine waited for work counts its host time from the job's
     arrival, not from the step before the wait (the devices waited for work, not for the host)."""

@@ -5,9 +5,9 @@ generating slot and pieces of the prompts of prefilling slots: while any slot ge
 prefill_chunk prompt tokens (n_ubatch by default: a long prompt delays the running generations by about
 one ubatch per token, not by its whole prefill), otherwise up to n_batch, whose ubatches split overlap alternates
 between its lanes. A slot keeps the tokens of its last request in its part of the KV cache; a request
-goes to the free slot holding the longest prefix of its prompt (or to the one it names, id_slot, once
-that is free), and only the rest is evaluated; among equals, to one next to the busy slots, since a step
-takes a ubatch per run of consecutive slot ids.
+goes to the free slot holding the longest prefix of its prompt, if at least a tenth of it (or to the one
+it names, id_slot, once that is free), and only the rest is evaluated; otherwise, and among equals, to one
+next to the busy slots, since a step takes a ubatch per run of consecutive slot ids.
 
 A step is left running on the devices while the thread streams the text of the step before it
 (Context.decode_batch_sample_begin/_end): whether a slot goes on is decided from its sampled token
@@ -350,6 +350,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(differ[0]) if differ.size else n
+
+
+# the share of a prompt a slot's cached prefix must hold to choose the slot over one next to the busy slots
+# (llama-server's --slot-prompt-similarity, 0.1 by default, plays that part against its least-recently-used choice)
+PREFIX_SHARE = 0.1
 
 
 def id_runs(ids: Sequence[int]) -> int:
@@ -762,9 +767,10 @@ class Engine:
         return taken
 
     def _admit(self, job: Job) -> None:
-        """Give a job taken from the queue the free slot holding the longest prefix of its prompt; among equals,
-        one that leaves the busy slots' ids in the fewest runs of consecutive ids (llama.cpp cuts a step into a
-        ubatch per run: a gap costs every step a pass over the weights more), then the least recently used."""
+        """Give a job taken from the queue the free slot holding the longest prefix of its prompt, where that
+        prefix is at least PREFIX_SHARE of the prompt; among equals, one that leaves the busy slots' ids in the
+        fewest runs of consecutive ids (llama.cpp cuts a step into a ubatch per run: a gap costs every step of
+        the request a pass over the weights more), then the longest prefix, then the least recently used."""
         if job.cancelled:
             self._end(job, None)
             return
@@ -779,8 +785,15 @@ class Engine:
             return
         free = [s for s in self._slots if s.job is None and (job.id_slot is None or s.id == job.id_slot)]
         busy = [s.id for s in self._slots if s.job is not None]
-        prefix, _, _, slot = max(((common_prefix(s.tokens, job.prompt), -id_runs([*busy, s.id]), -s.last_used, s)
-                                  for s in free), key=lambda c: c[:3])
+
+        def choice(s: Slot) -> tuple[int, int, int, float]:
+            # a prefix under PREFIX_SHARE of the prompt saves less than a step of two ubatches costs
+            prefix = common_prefix(s.tokens, job.prompt)
+            worth = prefix if prefix >= PREFIX_SHARE * len(job.prompt) else 0
+            return worth, -id_runs([*busy, s.id]), prefix, -s.last_used
+
+        slot = max(free, key=choice)
+        prefix = choice(slot)[2]
         keep = min(prefix, len(job.prompt) - 1) if job.cache_prompt else 0  # one token gives the logits
         if keep < len(slot.tokens):
             try:
