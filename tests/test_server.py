@@ -545,7 +545,6 @@ def test_closed_loop_streams_keep_their_slots_in_one_run(tiny_model: Path) -> No
         model.free()
     full = [[slot for slot, _, kind in st.items if kind == "generate"] for st in steps]
     split = [id_runs(ids) > 1 for ids in full if len(ids) == 8]
-    print(f"{sum(split)} of {len(split)} steps split")
     assert len(split) > 100
     assert sum(split) == 0
 
