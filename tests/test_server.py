@@ -7,12 +7,12 @@ package and, for the error cases, raw HTTP (httpx).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
-import json
 import threading
 import time
 from collections.abc import Iterator

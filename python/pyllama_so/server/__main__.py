@@ -24,7 +24,9 @@ from typing import TextIO
 from pyllama_so import _llama
 from pyllama_so import args as A
 from pyllama_so.config import ContextParams, ModelParams, create_context, load_model
+from pyllama_so.sampling import SamplingParams
 from pyllama_so.server.cors import cors_options
+from pyllama_so.server.sampling_flags import add_sampler_flags, sampling_defaults
 from pyllama_so.server.settings import ServerDefaults
 from pyllama_so.synth import SHAPES, cached_model
 
@@ -91,6 +93,7 @@ def parser() -> argparse.ArgumentParser:
                     default=os.environ.get("LLAMA_ARG_N_PREDICT"), metavar="N",
                     help="the tokens to generate for a request that does not say: -1 until the end of its slot; "
                     "default: each endpoint's own (/v1/completions 16, the others -1) (env LLAMA_ARG_N_PREDICT)")
+    add_sampler_flags(ap)
     ap.add_argument("--metrics", action="store_true", default=_env_flag("ENDPOINT_METRICS"),
                     help="serve Prometheus metrics at /metrics (env LLAMA_ARG_ENDPOINT_METRICS)")
     ap.add_argument("--slots", "--no-slots", dest="slots", action=_OnOff, default=_env_flag("ENDPOINT_SLOTS", True),
@@ -166,7 +169,8 @@ def _main(argv: list[str] | None) -> int:
         params = A.tool_config(ns, n_ctx=ns.ctx_size, n_seq_max=ns.parallel)
         if ns.chat_template and ns.chat_template_file:
             raise ValueError("give --chat-template or --chat-template-file, not both")
-        defaults = ServerDefaults(temperature=ns.temperature, seed=ns.seed, n_predict=ns.n_predict)
+        defaults = ServerDefaults(temperature=ns.temperature, seed=ns.seed, n_predict=ns.n_predict,
+                                  sampling_fields=sampling_defaults(ap, ns), ignore_eos=ns.ignore_eos)
         cors_options(ns.cors_origins)
     except ValueError as e:
         A.exit_on_flag_error(ap, e)
@@ -234,8 +238,10 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket, model_params:
     ctx = None
     embedder = None
     try:
-        # before the context (its KV cache may take long to allocate): a broken template stops the start
+        # before the context (its KV cache may take long to allocate): a broken template, or a default
+        # --logit-bias token the vocabulary does not have, stops the start
         template = chat.resolve(model, ns.chat_template, ns.chat_template_file)
+        _llama.Sampler(model, SamplingParams.from_kwargs(**defaults.sampling())).free()
         ctx = create_context(model, context_params)
         lanes = ctx.split_overlap_stats()
         if ns.split_overlap and not lanes["enabled"]:

@@ -110,7 +110,12 @@ def make_job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: C
         raise ApiError(400, message, param=param) from None
     stops = body.stops() + [s for s in extra_stops if s not in body.stops()]  # the chat template's turn end
     return Job(prompt, emit, max_tokens=max_tokens, sampling=sampling, seed=sampling.seed, stop=stops,
-               grammar=grammar, logprobs=n_logprobs, ignore_eos=body.ignore_eos, id=job_id, **job)
+               grammar=grammar, logprobs=n_logprobs, ignore_eos=ignore_eos_of(body, defaults), id=job_id, **job)
+
+
+def ignore_eos_of(body: GenerationRequest, defaults: ServerDefaults) -> bool:
+    """The request's ignore_eos, or the server's --ignore-eos where it leaves the field out."""
+    return body.ignore_eos if "ignore_eos" in body.model_fields_set else defaults.ignore_eos
 
 
 def failure(event: Failed) -> ApiError:

@@ -85,14 +85,14 @@ class GenerationRequest(_Body):
         given = {n: getattr(self, n) for n in names}
         if logit_bias is not None:
             given["logit_bias"] = logit_bias
+        # the fields with two request names (llama-server's and llama-cpp-python's)
+        given["penalty_last_n"] = self.penalty_last_n if self.penalty_last_n is not None else self.repeat_last_n
+        given["mirostat_mode"] = self.mirostat_mode if self.mirostat_mode is not None else self.mirostat
+        given["dry_sequence_breakers"] = None if self.dry_sequence_breakers is None else tuple(self.dry_sequence_breakers)
         for name, value in (defaults or {}).items():
             if given.get(name) is None:
                 given[name] = value
-        breakers = None if self.dry_sequence_breakers is None else tuple(self.dry_sequence_breakers)
-        return SamplingParams.from_kwargs(
-            **given, dry_sequence_breakers=breakers,
-            penalty_last_n=self.penalty_last_n if self.penalty_last_n is not None else self.repeat_last_n,
-            mirostat_mode=self.mirostat_mode if self.mirostat_mode is not None else self.mirostat)
+        return SamplingParams.from_kwargs(**given)
 
     @property
     def n_logprobs(self) -> int | None:

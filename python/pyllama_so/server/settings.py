@@ -1,4 +1,4 @@
-"""The server's defaults for requests (--temp, --seed, -n), and a request's generation settings as llama-server
+"""The server's defaults for requests (--temp, --seed, -n, llama-server's sampler flags), and a request's generation settings as llama-server
 reports them: the `generation_settings` of a /completion
 response, each slot's `params` in /slots and `default_generation_settings.params` in /props (field names
 of task_params::to_json in the pinned tree's tools/server/server-task.cpp, for the fields this server has)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyllama_so.sampling import SamplingParams
@@ -19,21 +19,26 @@ SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p
 
 @dataclass(frozen=True)
 class ServerDefaults:
-    """--temp, --seed and -n/--n-predict: what a request that leaves the field out gets (None: the
-    endpoint's own default, SamplingParams' for the sampling fields)."""
+    """--temp, --seed, -n/--n-predict, llama-server's other sampler flags and --ignore-eos: what a request that
+    leaves the field out gets (None: the endpoint's own default, SamplingParams' for the sampling fields).
+    sampling_fields: more SamplingParams fields, by name (--top-k gives top_k, ...)."""
 
     temperature: float | None = None
     seed: int | None = None
     n_predict: int | None = None
+    sampling_fields: Mapping[str, Any] = field(default_factory=dict)
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        SamplingParams.from_kwargs(**self.sampling())  # a bad --temp or --seed fails at start
+        SamplingParams.from_kwargs(**self.sampling())  # a bad sampler flag fails at start
         if self.n_predict is not None and self.n_predict < -1:
             raise ValueError(f"-n/--n-predict must be >= -1 (-1 = until the end of the slot), got {self.n_predict}")
 
     def sampling(self) -> dict[str, Any]:
         """The sampling fields these defaults set."""
-        return {k: v for k, v in (("temperature", self.temperature), ("seed", self.seed)) if v is not None}
+        out = {k: v for k, v in (("temperature", self.temperature), ("seed", self.seed)) if v is not None}
+        out.update(self.sampling_fields)
+        return out
 
 
 

@@ -61,7 +61,7 @@ def install(app: FastAPI, engine: Engine, *, model_id: str, chat: ChatTemplate, 
     async def props() -> dict[str, Any]:
         n_predict = -1 if defaults.n_predict is None else defaults.n_predict
         params = generation_settings(SamplingParams.from_kwargs(**defaults.sampling()), n_predict=n_predict,
-                                     backend_sampling=engine.backend_sampling)
+                                     ignore_eos=defaults.ignore_eos, backend_sampling=engine.backend_sampling)
         return {"default_generation_settings": {"params": metrics_only(params), "n_ctx": engine.n_ctx_slot},
                 "total_slots": engine.n_slots, "model_alias": model_id, "model_path": model.path,
                 "modalities": {"vision": False, "video": False, "audio": False},
