@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib
 import json
 import logging
@@ -28,6 +29,7 @@ from pyllama_so.sampling import SamplingParams
 from pyllama_so.server.cors import cors_options
 from pyllama_so.server.sampling_flags import add_sampler_flags, sampling_defaults
 from pyllama_so.server.settings import ServerDefaults
+from pyllama_so.server.upstream_flags import add_upstream_flags, warn_ignored
 from pyllama_so.synth import SHAPES, cached_model
 
 EXTRA = 'pip install "pyllama_so[server]"'
@@ -94,6 +96,7 @@ def parser() -> argparse.ArgumentParser:
                     help="the tokens to generate for a request that does not say: -1 until the end of its slot; "
                     "default: each endpoint's own (/v1/completions 16, the others -1) (env LLAMA_ARG_N_PREDICT)")
     add_sampler_flags(ap)
+    add_upstream_flags(ap)
     ap.add_argument("--metrics", action="store_true", default=_env_flag("ENDPOINT_METRICS"),
                     help="serve Prometheus metrics at /metrics (env LLAMA_ARG_ENDPOINT_METRICS)")
     ap.add_argument("--slots", "--no-slots", dest="slots", action=_OnOff, default=_env_flag("ENDPOINT_SLOTS", True),
@@ -166,7 +169,9 @@ def _main(argv: list[str] | None) -> int:
     ap = parser()
     ns = ap.parse_args(argv)
     try:  # Llama's rules and messages (pyllama_so.config); -ub defaults to 512, or half of -b with -so 1
-        params = A.tool_config(ns, n_ctx=ns.ctx_size, n_seq_max=ns.parallel)
+        model_params, context_params = A.tool_config(ns, n_ctx=ns.ctx_size, n_seq_max=ns.parallel,
+                                                     n_threads_batch=ns.threads_batch or -1, kv_unified=ns.kv_unified)
+        params = (dataclasses.replace(model_params, use_mmap=ns.use_mmap), context_params)
         if ns.chat_template and ns.chat_template_file:
             raise ValueError("give --chat-template or --chat-template-file, not both")
         defaults = ServerDefaults(temperature=ns.temperature, seed=ns.seed, n_predict=ns.n_predict,
@@ -180,7 +185,9 @@ def _main(argv: list[str] | None) -> int:
     if missing:
         print(f"server: {missing} is not installed; the server needs the server extra: {EXTRA}", file=sys.stderr)
         return 1
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.WARNING if ns.log_disable else logging.INFO,
+                        format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    warn_ignored(ns)
     _llama.set_log_level("info" if ns.verbose else "error")
     step_log = None
     if ns.step_log is not None:
@@ -253,7 +260,7 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket, model_params:
             def on_step(step: Step) -> None:
                 step_log.write(json.dumps(step.as_record()) + "\n")
         engine = Engine(ctx, queue_size=ns.queue_size, backend_sampling=ns.backend_sampling,
-                        prefill_chunk=ns.prefill_chunk, on_step=on_step)
+                        prefill_chunk=ns.prefill_chunk, prefix_share=ns.slot_prompt_similarity, on_step=on_step)
         model_id = ns.alias or path.name
         meta = {"path": str(path), "desc": model.desc, "n_params": model.n_params, "size": model.size,
                 "split_mode": ns.split_mode, "split_overlap": ns.split_overlap}

@@ -352,8 +352,9 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return int(differ[0]) if differ.size else n
 
 
-# the share of a prompt a slot's cached prefix must hold to choose the slot over one next to the busy slots
-# (llama-server's --slot-prompt-similarity, 0.1 by default, plays that part against its least-recently-used choice)
+# the share of a prompt a slot's cached prefix must hold to choose the slot over one next to the busy slots, by
+# default (Engine's prefix_share; llama-server's --slot-prompt-similarity, 0.1 by default, plays that part against
+# its least-recently-used choice)
 PREFIX_SHARE = 0.1
 
 
@@ -375,7 +376,8 @@ class Engine:
 
     def __init__(self, ctx: _llama.Context, *, queue_size: int = 64,
                  on_step: Callable[[Step], None] | None = None, backend_sampling: bool = False,
-                 chain_steps: bool = True, prefill_chunk: int | None = None) -> None:
+                 chain_steps: bool = True, prefill_chunk: int | None = None,
+                 prefix_share: float = PREFIX_SHARE) -> None:
         # fixed at construction: read from any thread
         self.ctx = ctx
         self.backend_sampling = backend_sampling  # slots' chains in the decode graph (Context.set_backend_sampler)
@@ -387,6 +389,9 @@ class Engine:
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.prefill_chunk = min(ctx.n_ubatch if prefill_chunk is None else prefill_chunk, ctx.n_batch)
+        if not 0.0 <= prefix_share <= 1.0:
+            raise ValueError(f"prefix_share must be in [0, 1], got {prefix_share}")
+        self.prefix_share = prefix_share  # 0: a cached prefix never decides the slot
         self.n_ctx_slot = ctx.n_ctx_seq
         self.n_slots = ctx.n_seq_max
         self.queue_size = queue_size
@@ -768,7 +773,7 @@ class Engine:
 
     def _admit(self, job: Job) -> None:
         """Give a job taken from the queue the free slot holding the longest prefix of its prompt, where that
-        prefix is at least PREFIX_SHARE of the prompt; among equals, one that leaves the busy slots' ids in the
+        prefix is at least prefix_share of the prompt; among equals, one that leaves the busy slots' ids in the
         fewest runs of consecutive ids (llama.cpp cuts a step into a ubatch per run: a gap costs every step of
         the request a pass over the weights more), then the longest prefix, then the least recently used."""
         if job.cancelled:
@@ -787,9 +792,9 @@ class Engine:
         busy = [s.id for s in self._slots if s.job is not None]
 
         def choice(s: Slot) -> tuple[int, int, int, float]:
-            # a prefix under PREFIX_SHARE of the prompt saves less than a step of two ubatches costs
+            # a prefix under prefix_share of the prompt saves less than a step of two ubatches costs
             prefix = common_prefix(s.tokens, job.prompt)
-            worth = prefix if prefix >= PREFIX_SHARE * len(job.prompt) else 0
+            worth = prefix if self.prefix_share > 0 and prefix >= self.prefix_share * len(job.prompt) else 0
             return worth, -id_runs([*busy, s.id]), prefix, -s.last_used
 
         slot = max(free, key=choice)
