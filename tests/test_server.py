@@ -657,7 +657,9 @@ def test_load_64_requests_from_8_clients(server: Server, llm: Llama) -> None:
     ("/v1/completions", {"prompt": "Hi", "temperature": "hot"}, "temperature", None),
     ("/v1/completions", {"prompt": "Hi", "top_p": 0}, "top_p", None),
     ("/v1/completions", {"prompt": "Hi", "stop": 3}, "stop", None),
-    ("/v1/completions", {"prompt": "Hi", "n": 2}, "n", None),
+    ("/v1/completions", {"prompt": "Hi", "n": 5}, "n", None),  # more choices than the 4 slots
+    ("/v1/completions", {"prompt": "Hi", "n": 0}, "n", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "n": 5}, "n", None),
     ("/v1/completions", {"prompt": 12}, "prompt", None),
     ("/v1/completions", {"max_tokens": 3}, "prompt", None),
     ("/v1/completions", {"prompt": ""}, "prompt", None),
@@ -684,6 +686,49 @@ def test_bad_request_is_400_and_the_server_goes_on(server: Server, path: str, bo
     assert error["param"] == param and error["code"] == code, error
     ok = server.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_n_choices_are_the_requests_with_the_next_seeds(server: Server) -> None:
+    """n: 3 gives three choices, index 0..2, each the text a request alone gets with seed, seed + 1, seed + 2;
+    the usage counts the prompt once and every choice's tokens. Streamed, the chunks name their choice, and each
+    choice's text is the same; chat likewise."""
+    body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+            "seed": 40, "ignore_eos": True}
+    alone = [server.post("/v1/completions", {**body, "seed": 40 + i}).json()["choices"][0]["text"] for i in range(3)]
+    assert len(set(alone)) > 1  # the seeds make different texts, or the check below would not tell
+    r = server.post("/v1/completions", {**body, "n": 3})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in out["choices"]] == alone
+    assert out["usage"]["completion_tokens"] == 24
+    assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + 24
+
+    texts: dict[int, str] = {0: "", 1: "", 2: ""}
+    finished: set[int] = set()
+    usage = None
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "n": 3, "stream": True,
+                                                                    "stream_options": {"include_usage": True}},
+                      headers={"Authorization": "Bearer none"}, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                usage = event["usage"]
+            for c in event["choices"]:
+                texts[c["index"]] += c["text"]
+                if c["finish_reason"]:
+                    finished.add(c["index"])
+    assert [texts[i] for i in range(3)] == alone and finished == {0, 1, 2}
+    assert usage is not None and usage["completion_tokens"] == 24
+
+    chat = {"messages": MESSAGES, "max_tokens": 6, "temperature": 1.0, "top_k": 0, "seed": 7, "ignore_eos": True}
+    one = [server.post("/v1/chat/completions", {**chat, "seed": 7 + i}).json()["choices"][0]["message"]["content"]
+           for i in range(2)]
+    both = server.post("/v1/chat/completions", {**chat, "n": 2}).json()
+    assert [c["message"]["content"] for c in both["choices"]] == one
+    assert [c["index"] for c in both["choices"]] == [0, 1]
 
 
 def test_openai_client_raises_bad_request(server: Server) -> None:

@@ -9,6 +9,7 @@ on its native ones (errors.py).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -32,9 +33,9 @@ from pyllama_so.server import embeddings as embedding_routes
 from pyllama_so.server import errors, native, status
 from pyllama_so.server.chat import ChatTemplate
 from pyllama_so.server.cors import cors_options
-from pyllama_so.server.engine import SHUTTING_DOWN, Delta, Done, Engine
+from pyllama_so.server.engine import SHUTTING_DOWN, Delta, Done, Engine, Event
 from pyllama_so.server.errors import ApiError
-from pyllama_so.server.jobs import Run, failure, make_job, request_grammar
+from pyllama_so.server.jobs import Run, failure, make_job, request_grammar, start_runs
 from pyllama_so.server.prompts import checked_ids
 from pyllama_so.server.schemas import ChatRequest, ChatTemplateRequest, CompletionRequest, GenerationRequest
 from pyllama_so.server.settings import ServerDefaults
@@ -89,10 +90,12 @@ class JsonBodyMiddleware:
         await self.app(scope, receive, send)
 
 
-def _usage(done: Done) -> dict[str, Any]:
-    u = done.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens,
+def _usage(dones: Sequence[Done]) -> dict[str, Any]:
+    """A request's usage over its choices: the prompt once (as OpenAI counts it), the completions summed."""
+    u = dones[0].usage
+    completion = sum(d.usage.completion_tokens for d in dones)
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": u.prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
@@ -130,41 +133,73 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             return max_tokens_limit(defaults.n_predict)
         return body.token_limit
 
-    def job(body: GenerationRequest, prompt: list[int], max_tokens: int | None, cid: str, grammar: str | None,
-            extra_stops: Sequence[str] = ()) -> Callable[[Any], Any]:
-        return lambda emit: make_job(engine, body, prompt, emit, max_tokens, cid, grammar, defaults=defaults,
-                                     extra_stops=extra_stops)
+    def runs(body: GenerationRequest, prompt: list[int], max_tokens: int | None, cid: str, grammar: str | None,
+             prompt_param: str, extra_stops: Sequence[str] = ()) -> list[Run]:
+        """The request's n choices, queued."""
+        return start_runs(engine, body.n, lambda choice: lambda emit: make_job(
+            engine, body, prompt, emit, max_tokens, cid, grammar, defaults=defaults, extra_stops=extra_stops,
+            choice=choice), prompt_param)
 
-    def stream(run: Run, body: GenerationRequest, chunk: Callable[..., dict[str, Any]], first: list[dict[str, Any]],
-               delta: Callable[[str], Any], last: Callable[[str], Any],
+    def cancel_all(runs: Sequence[Run]) -> None:
+        for run in runs:
+            run.cancel()
+
+    async def collect_all(runs: Sequence[Run], request: Request) -> list[tuple[str, Done]] | None:
+        """Every choice's text and Done, or None when the client left (all cancelled)."""
+        try:
+            results = await asyncio.gather(*(run.collect(request) for run in runs))
+        finally:
+            cancel_all(runs)
+        return None if any(r is None for r in results) else results  # type: ignore[return-value]
+
+    def stream(runs: Sequence[Run], body: GenerationRequest, chunk: Callable[..., dict[str, Any]],
+               first: Callable[[int], list[dict[str, Any]]], delta: Callable[[str], Any], last: Callable[[str], Any],
                logprobs: Callable[[Sequence[TokenLogprob]], Any]) -> EventSourceResponse:
-        """SSE: the first chunks, a chunk per Delta, the last chunk with the finish reason and timings, the
-        usage chunk when asked (stream_options.include_usage), [DONE]. A client that leaves cancels the job."""
+        """SSE: each choice's first chunks, a chunk per Delta, its last chunk with the finish reason and timings
+        (choices interleaved as their tokens come, each chunk naming its index), then the usage chunk when
+        asked (stream_options.include_usage), [DONE]. A client that leaves cancels the jobs."""
 
-        want = run.job.logprobs is not None
+        want = runs[0].job.logprobs is not None
 
         async def events() -> AsyncIterator[dict[str, str]]:
-            try:
-                for c in first:
-                    yield _sse(c)
+            merged: asyncio.Queue[tuple[int, Event | None]] = asyncio.Queue()
+
+            async def pump(i: int, run: Run) -> None:
                 async for event in run:
-                    if isinstance(event, Delta):
-                        yield _sse(chunk(delta(event.text), None, lps=want and logprobs(event.logprobs)))
+                    await merged.put((i, event))
+                await merged.put((i, None))
+
+            pumps = [asyncio.ensure_future(pump(i, run)) for i, run in enumerate(runs)]
+            dones: list[Done] = []
+            try:
+                for i in range(len(runs)):
+                    for c in first(i):
+                        yield _sse(c)
+                left = len(runs)
+                while left:
+                    i, event = await merged.get()
+                    if event is None:
+                        left -= 1
+                    elif isinstance(event, Delta):
+                        yield _sse(chunk(delta(event.text), None, lps=want and logprobs(event.logprobs), index=i))
                     elif isinstance(event, Done):
+                        dones.append(event)
                         yield _sse(chunk(last(event.text), event.finish_reason, lps=want and logprobs(event.logprobs),
-                                         timings=event.timings.as_dict()))
-                        if body.include_usage:
-                            yield _sse({**chunk(delta(""), None), "choices": [], "usage": _usage(event)})
+                                         index=i, timings=event.timings.as_dict()))
                     else:
                         e = failure(event)
                         yield _sse(errors.error_body(e.status, e.message, code=e.code))
+                if body.include_usage and len(dones) == len(runs):
+                    yield _sse({**chunk(delta(""), None), "choices": [], "usage": _usage(dones)})
                 yield {"data": "[DONE]"}
             finally:
-                run.cancel()
+                for p in pumps:
+                    p.cancel()
+                cancel_all(runs)
 
-        # the background task also cancels a job whose stream never started (a client gone at once);
+        # the background task also cancels jobs whose stream never started (a client gone at once);
         # at a shutdown sse-starlette would cancel the stream at once: it waits for the engine instead
-        return EventSourceResponse(events(), background=BackgroundTask(run.cancel),
+        return EventSourceResponse(events(), background=BackgroundTask(cancel_all, runs),
                                    shutdown_grace_period=stream_grace)
 
     @app.get("/health")
@@ -200,22 +235,27 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         echo = model.detokenize_bytes(prompt).decode("utf-8", "replace") if body.echo else ""
         grammar = await run_in_threadpool(request_grammar, model, body)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        run = Run(engine, job(body, prompt, token_limit(body), cid, grammar), "prompt")
+        started = runs(body, prompt, token_limit(body), cid, grammar, "prompt")
 
-        def chunk(text: str, finish: str | None, lps: Any = None, **extra: Any) -> dict[str, Any]:
+        def choice(text: str, finish: str | None, lps: Any, index: int) -> dict[str, Any]:
+            return {"text": text, "index": index, "logprobs": lps or None, "finish_reason": finish}
+
+        def chunk(text: str, finish: str | None, lps: Any = None, index: int = 0, **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_id,
-                    "choices": [{"text": text, "index": 0, "logprobs": lps or None, "finish_reason": finish}],
-                    "system_fingerprint": FINGERPRINT, **extra}
+                    "choices": [choice(text, finish, lps, index)], "system_fingerprint": FINGERPRINT, **extra}
 
         if body.stream:
-            return stream(run, body, chunk, [chunk(echo, None)] if echo else [], delta=str, last=str,
-                          logprobs=completion_logprobs)
-        result = await run.collect(request)
-        if result is None:
+            return stream(started, body, chunk, lambda i: [chunk(echo, None, index=i)] if echo else [], delta=str,
+                          last=str, logprobs=completion_logprobs)
+        results = await collect_all(started, request)
+        if results is None:
             return {}  # the client is gone
-        text, done = result
-        lps = completion_logprobs(run.logprobs) if run.job.logprobs is not None else None
-        return chunk(echo + text, done.finish_reason, lps, usage=_usage(done), timings=done.timings.as_dict())
+        choices = [choice(echo + text, done.finish_reason,
+                          completion_logprobs(run.logprobs) if run.job.logprobs is not None else None, i)
+                   for i, (run, (text, done)) in enumerate(zip(started, results))]
+        dones = [done for _, done in results]
+        return {"id": cid, "object": "text_completion", "created": created, "model": model_id, "choices": choices,
+                "system_fingerprint": FINGERPRINT, "usage": _usage(dones), "timings": dones[0].timings.as_dict()}
 
     async def render(body: ChatTemplateRequest) -> str:
         """The chat prompt of a request; 400 naming the template when it fails to render the messages."""
@@ -238,26 +278,28 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             lambda: model.tokenize(text, add_special=chat.add_bos, parse_special=True).tolist())
         grammar = await run_in_threadpool(request_grammar, model, body)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        run = Run(engine, job(body, prompt, token_limit(body), cid, grammar, chat.stops), "messages")
+        started = runs(body, prompt, token_limit(body), cid, grammar, "messages", chat.stops)
 
-        def chunk(delta: dict[str, Any], finish: str | None, lps: Any = None, **extra: Any) -> dict[str, Any]:
+        def chunk(delta: dict[str, Any], finish: str | None, lps: Any = None, index: int = 0,
+                  **extra: Any) -> dict[str, Any]:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": lps or None, "finish_reason": finish}],
+                    "choices": [{"index": index, "delta": delta, "logprobs": lps or None, "finish_reason": finish}],
                     "system_fingerprint": FINGERPRINT, **extra}
 
         if body.stream:
-            return stream(run, body, chunk, [chunk({"role": "assistant", "content": ""}, None)],
+            return stream(started, body, chunk, lambda i: [chunk({"role": "assistant", "content": ""}, None, index=i)],
                           delta=lambda t: {"content": t}, last=lambda t: {"content": t} if t else {},
                           logprobs=chat_logprobs)
-        result = await run.collect(request)
-        if result is None:
+        results = await collect_all(started, request)
+        if results is None:
             return {}
-        content, done = result
-        lps = chat_logprobs(run.logprobs) if run.job.logprobs is not None else None
+        choices = [{"index": i, "message": {"role": "assistant", "content": content},
+                    "logprobs": chat_logprobs(run.logprobs) if run.job.logprobs is not None else None,
+                    "finish_reason": done.finish_reason}
+                   for i, (run, (content, done)) in enumerate(zip(started, results))]
+        dones = [done for _, done in results]
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_id,
-                "system_fingerprint": FINGERPRINT,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": lps,
-                             "finish_reason": done.finish_reason}],
-                "usage": _usage(done), "timings": done.timings.as_dict()}
+                "system_fingerprint": FINGERPRINT, "choices": choices, "usage": _usage(dones),
+                "timings": dones[0].timings.as_dict()}
 
     return app

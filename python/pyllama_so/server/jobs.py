@@ -10,6 +10,7 @@ Request.is_disconnected() does (every DISCONNECT_POLL_S seconds).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,23 @@ from pyllama_so.server.schemas import GenerationRequest
 from pyllama_so.server.settings import ServerDefaults
 
 DISCONNECT_POLL_S = 0.25
+
+
+def start_runs(engine: Engine, n: int, make: Callable[[int], Callable[[Callable[[Event], None]], Job]],
+               prompt_param: str) -> list[Run]:
+    """The n choices of a request, each a Run of make(choice): all queued, or none (a 400 for an n beyond
+    the slots, which could not all run together; a failed submit cancels those queued before it)."""
+    if not 1 <= n <= engine.n_slots:
+        raise ApiError(400, f"n must be in [1, {engine.n_slots}] (the server's slots), got {n}", param="n")
+    runs: list[Run] = []
+    try:
+        for choice in range(n):
+            runs.append(Run(engine, make(choice), prompt_param))
+    except BaseException:
+        for run in runs:
+            run.cancel()
+        raise
+    return runs
 
 
 class Run:
@@ -95,13 +113,17 @@ class Run:
 
 def make_job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: Callable[[Event], None],
              max_tokens: int | None, job_id: str, grammar: str | None, *, defaults: ServerDefaults = ServerDefaults(),
-             extra_stops: Sequence[str] = (), logit_bias: Mapping[int, float] | None = None, **job: Any) -> Job:
+             extra_stops: Sequence[str] = (), logit_bias: Mapping[int, float] | None = None, choice: int = 0,
+             **job: Any) -> Job:
     """The request's Job, its sampling parameters checked here, before it is queued: a value out of range
     (or a logit_bias id outside the vocabulary) is a 400 naming the field. grammar: request_grammar's;
     defaults: the server's, for the fields the request leaves out; logit_bias: instead of the request's
-    own (a native request's, resolved to token ids); job: more Job fields (id_slot, cache_prompt, settings)."""
+    own (a native request's, resolved to token ids); choice: the index of one of the request's n choices, whose
+    seed, where one is given, is the request's plus choice; job: more Job fields (id_slot, cache_prompt, settings)."""
     try:
         sampling = body.sampling(defaults.sampling(), logit_bias)
+        if choice and sampling.seed is not None and sampling.seed != -1:
+            sampling = dataclasses.replace(sampling, seed=(sampling.seed + choice) % 2**32)
         n_logprobs = _llama.check_logprobs(body.n_logprobs, body.logprobs_param)
         _llama.Sampler(engine.model, sampling, n_ctx=engine.n_ctx_slot).free()  # logit_bias ids
     except ValueError as e:

@@ -6,7 +6,7 @@ text encoding takes."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -70,7 +70,7 @@ class GenerationRequest(_Body):
     ignore_eos: bool = False  # llama-server's extension: end-of-generation tokens are never sampled
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1  # one choice per request
+    n: int = 1  # choices (llama-server's n_cmpl): each its own job, at most the server's slots
     # structured output, at most one: GBNF text or a JSON schema (llama-server's fields), OpenAI's response_format
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
