@@ -668,7 +668,8 @@ def test_load_64_requests_from_8_clients(server: Server, llm: Llama) -> None:
     ("/v1/completions", rb'{"prompt": "a \ud800 b"}', "prompt", None),  # a lone surrogate: no text encodes it
     ("/v1/completions", rb'{"prompt": "Hi", "stop": ["\udc00"]}', "stop", None),
     ("/v1/chat/completions", rb'{"messages": [{"role": "user", "content": "a \ud800 b"}]}', "messages", None),
-    ("/v1/completions", {"prompt": ["one", "two"]}, "prompt", None),
+    ("/v1/completions", {"prompt": ["one", ""]}, "prompt", None),  # one of several prompts empty
+    ("/v1/completions", {"prompt": [[1, 2], [1, 99999]]}, "prompt", None),
     ("/v1/completions", {"prompt": [1, 99999]}, "prompt", None),
     ("/v1/completions", {"prompt": [1] * (SLOT_CTX + 1)}, "prompt", "context_length_exceeded"),
     ("/v1/chat/completions", {"messages": "hello"}, "messages", None),
@@ -729,6 +730,23 @@ def test_n_choices_are_the_requests_with_the_next_seeds(server: Server) -> None:
     both = server.post("/v1/chat/completions", {**chat, "n": 2}).json()
     assert [c["message"]["content"] for c in both["choices"]] == one
     assert [c["index"] for c in both["choices"]] == [0, 1]
+
+
+def test_several_prompts_give_their_choices_in_order(server: Server) -> None:
+    """A list of prompts (texts, or token id lists) with n 2: choices 2p and 2p + 1 are prompt p's, each what that
+    prompt alone gets; the usage counts each prompt once."""
+    body = {"max_tokens": 6, "temperature": 1.0, "top_k": 0, "seed": 11, "ignore_eos": True}
+    texts = ["The quick brown fox", "Hello there, how are"]
+    alone = [[server.post("/v1/completions", {**body, "prompt": t, "seed": 11 + c}).json() for c in range(2)]
+             for t in texts]
+    out = server.post("/v1/completions", {**body, "prompt": texts, "n": 2}).json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in out["choices"]] == [a["choices"][0]["text"] for pair in alone for a in pair]
+    assert out["usage"]["prompt_tokens"] == sum(pair[0]["usage"]["prompt_tokens"] for pair in alone)
+    assert out["usage"]["completion_tokens"] == 24
+    ids = [server.post("/tokenize", {"content": t, "add_special": True}).json()["tokens"] for t in texts]  # as the text path
+    by_ids = server.post("/v1/completions", {**body, "prompt": ids}).json()
+    assert [c["text"] for c in by_ids["choices"]] == [pair[0]["choices"][0]["text"] for pair in alone]
 
 
 def test_openai_client_raises_bad_request(server: Server) -> None:

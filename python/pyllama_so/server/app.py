@@ -35,7 +35,7 @@ from pyllama_so.server.chat import ChatTemplate
 from pyllama_so.server.cors import cors_options
 from pyllama_so.server.engine import SHUTTING_DOWN, Delta, Done, Engine, Event
 from pyllama_so.server.errors import ApiError
-from pyllama_so.server.jobs import Run, failure, make_job, request_grammar, start_runs
+from pyllama_so.server.jobs import Run, check_n, failure, make_job, request_grammar, start_runs
 from pyllama_so.server.prompts import checked_ids
 from pyllama_so.server.schemas import ChatRequest, ChatTemplateRequest, CompletionRequest, GenerationRequest
 from pyllama_so.server.settings import ServerDefaults
@@ -90,13 +90,14 @@ class JsonBodyMiddleware:
         await self.app(scope, receive, send)
 
 
-def _usage(dones: Sequence[Done]) -> dict[str, Any]:
-    """A request's usage over its choices: the prompt once (as OpenAI counts it), the completions summed."""
-    u = dones[0].usage
+def _usage(dones: Sequence[Done], n: int = 1) -> dict[str, Any]:
+    """A request's usage over its choices, n per prompt: each prompt once (as OpenAI counts it, with its first
+    choice's cached tokens), the completions summed."""
+    firsts = dones[::n]
+    prompt = sum(d.usage.prompt_tokens for d in firsts)
     completion = sum(d.usage.completion_tokens for d in dones)
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": u.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(d.usage.cached_tokens for d in firsts)}}
 
 
 def _sse(obj: dict[str, Any]) -> dict[str, str]:
@@ -133,12 +134,15 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             return max_tokens_limit(defaults.n_predict)
         return body.token_limit
 
-    def runs(body: GenerationRequest, prompt: list[int], max_tokens: int | None, cid: str, grammar: str | None,
-             prompt_param: str, extra_stops: Sequence[str] = ()) -> list[Run]:
-        """The request's n choices, queued."""
-        return start_runs(engine, body.n, lambda choice: lambda emit: make_job(
-            engine, body, prompt, emit, max_tokens, cid, grammar, defaults=defaults, extra_stops=extra_stops,
-            choice=choice), prompt_param)
+    def runs(body: GenerationRequest, prompts: Sequence[list[int]], max_tokens: int | None, cid: str,
+             grammar: str | None, prompt_param: str, extra_stops: Sequence[str] = ()) -> list[Run]:
+        """The request's n choices of each prompt, queued: choice c of prompt p at index p * n + c."""
+        check_n(engine, body.n)
+
+        def make(prompt: list[int], choice: int) -> Callable[[Callable[[Event], None]], Any]:
+            return lambda emit: make_job(engine, body, prompt, emit, max_tokens, cid, grammar, defaults=defaults,
+                                         extra_stops=extra_stops, choice=choice)
+        return start_runs(engine, [make(p, c) for p in prompts for c in range(body.n)], prompt_param)
 
     def cancel_all(runs: Sequence[Run]) -> None:
         for run in runs:
@@ -170,7 +174,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                 await merged.put((i, None))
 
             pumps = [asyncio.ensure_future(pump(i, run)) for i, run in enumerate(runs)]
-            dones: list[Done] = []
+            dones: dict[int, Done] = {}
             try:
                 for i in range(len(runs)):
                     for c in first(i):
@@ -183,14 +187,15 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                     elif isinstance(event, Delta):
                         yield _sse(chunk(delta(event.text), None, lps=want and logprobs(event.logprobs), index=i))
                     elif isinstance(event, Done):
-                        dones.append(event)
+                        dones[i] = event
                         yield _sse(chunk(last(event.text), event.finish_reason, lps=want and logprobs(event.logprobs),
                                          index=i, timings=event.timings.as_dict()))
                     else:
                         e = failure(event)
                         yield _sse(errors.error_body(e.status, e.message, code=e.code))
                 if body.include_usage and len(dones) == len(runs):
-                    yield _sse({**chunk(delta(""), None), "choices": [], "usage": _usage(dones)})
+                    usage = _usage([dones[i] for i in range(len(runs))], body.n)
+                    yield _sse({**chunk(delta(""), None), "choices": [], "usage": usage})
                 yield {"data": "[DONE]"}
             finally:
                 for p in pumps:
@@ -224,18 +229,19 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> dict[str, Any] | EventSourceResponse:
-        if isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], str)):
-            text = body.prompt if isinstance(body.prompt, str) else str(body.prompt[0])
-            if not text:  # it would tokenize to BOS alone
-                raise ApiError(400, "the prompt is empty", param="prompt")
-            # special-token text is parsed, as llama-server does
-            prompt = await run_in_threadpool(lambda: model.tokenize(text, parse_special=True).tolist())
-        else:
-            prompt = checked_ids(model, body.prompt, "prompt")  # type: ignore[arg-type]
-        echo = model.detokenize_bytes(prompt).decode("utf-8", "replace") if body.echo else ""
+        prompts = []
+        for one in body.prompts:
+            if isinstance(one, str):
+                if not one:  # it would tokenize to BOS alone
+                    raise ApiError(400, "the prompt is empty", param="prompt")
+                # special-token text is parsed, as llama-server does
+                prompts.append(await run_in_threadpool(lambda t=one: model.tokenize(t, parse_special=True).tolist()))
+            else:
+                prompts.append(checked_ids(model, one, "prompt"))
+        echoes = [model.detokenize_bytes(p).decode("utf-8", "replace") if body.echo else "" for p in prompts]
         grammar = await run_in_threadpool(request_grammar, model, body)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        started = runs(body, prompt, token_limit(body), cid, grammar, "prompt")
+        started = runs(body, prompts, token_limit(body), cid, grammar, "prompt")
 
         def choice(text: str, finish: str | None, lps: Any, index: int) -> dict[str, Any]:
             return {"text": text, "index": index, "logprobs": lps or None, "finish_reason": finish}
@@ -244,18 +250,21 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             return {"id": cid, "object": "text_completion", "created": created, "model": model_id,
                     "choices": [choice(text, finish, lps, index)], "system_fingerprint": FINGERPRINT, **extra}
 
+        def echo(i: int) -> str:
+            return echoes[i // body.n]
+
         if body.stream:
-            return stream(started, body, chunk, lambda i: [chunk(echo, None, index=i)] if echo else [], delta=str,
-                          last=str, logprobs=completion_logprobs)
+            return stream(started, body, chunk, lambda i: [chunk(echo(i), None, index=i)] if body.echo else [],
+                          delta=str, last=str, logprobs=completion_logprobs)
         results = await collect_all(started, request)
         if results is None:
             return {}  # the client is gone
-        choices = [choice(echo + text, done.finish_reason,
+        choices = [choice(echo(i) + text, done.finish_reason,
                           completion_logprobs(run.logprobs) if run.job.logprobs is not None else None, i)
                    for i, (run, (text, done)) in enumerate(zip(started, results))]
         dones = [done for _, done in results]
         return {"id": cid, "object": "text_completion", "created": created, "model": model_id, "choices": choices,
-                "system_fingerprint": FINGERPRINT, "usage": _usage(dones), "timings": dones[0].timings.as_dict()}
+                "system_fingerprint": FINGERPRINT, "usage": _usage(dones, body.n), "timings": dones[0].timings.as_dict()}
 
     async def render(body: ChatTemplateRequest) -> str:
         """The chat prompt of a request; 400 naming the template when it fails to render the messages."""
@@ -278,7 +287,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             lambda: model.tokenize(text, add_special=chat.add_bos, parse_special=True).tolist())
         grammar = await run_in_threadpool(request_grammar, model, body)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        started = runs(body, prompt, token_limit(body), cid, grammar, "messages", chat.stops)
+        started = runs(body, [prompt], token_limit(body), cid, grammar, "messages", chat.stops)
 
         def chunk(delta: dict[str, Any], finish: str | None, lps: Any = None, index: int = 0,
                   **extra: Any) -> dict[str, Any]:
@@ -299,7 +308,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                    for i, (run, (content, done)) in enumerate(zip(started, results))]
         dones = [done for _, done in results]
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_id,
-                "system_fingerprint": FINGERPRINT, "choices": choices, "usage": _usage(dones),
+                "system_fingerprint": FINGERPRINT, "choices": choices, "usage": _usage(dones, body.n),
                 "timings": dones[0].timings.as_dict()}
 
     return app

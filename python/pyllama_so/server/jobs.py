@@ -27,16 +27,18 @@ from pyllama_so.server.settings import ServerDefaults
 DISCONNECT_POLL_S = 0.25
 
 
-def start_runs(engine: Engine, n: int, make: Callable[[int], Callable[[Callable[[Event], None]], Job]],
-               prompt_param: str) -> list[Run]:
-    """The n choices of a request, each a Run of make(choice): all queued, or none (a 400 for an n beyond
-    the slots, which could not all run together; a failed submit cancels those queued before it)."""
+def check_n(engine: Engine, n: int) -> None:
+    """A request's n: 400 beyond the slots, where its choices could not all run together."""
     if not 1 <= n <= engine.n_slots:
         raise ApiError(400, f"n must be in [1, {engine.n_slots}] (the server's slots), got {n}", param="n")
+
+
+def start_runs(engine: Engine, makes: Sequence[Callable[[Callable[[Event], None]], Job]], prompt_param: str) -> list[Run]:
+    """A request's choices, a Run of each make: all queued, or none (a failed submit cancels those before it)."""
     runs: list[Run] = []
     try:
-        for choice in range(n):
-            runs.append(Run(engine, make(choice), prompt_param))
+        for make in makes:
+            runs.append(Run(engine, make, prompt_param))
     except BaseException:
         for run in runs:
             run.cancel()

@@ -123,7 +123,7 @@ class GenerationRequest(_Body):
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: Text | list[int] | list[Text]  # text, token ids, or a list of one text
+    prompt: Text | list[int] | list[Text] | list[list[int]]  # text, token ids, or a list of either (several prompts)
     max_tokens: int | None = 16  # OpenAI's default; see token_limit
     echo: bool = False
     logprobs: int | None = None  # the legacy completions' top-N count (0..MAX_LOGPROBS)
@@ -132,12 +132,13 @@ class CompletionRequest(GenerationRequest):
     def n_logprobs(self) -> int | None:
         return self.logprobs
 
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, v: str | list[int] | list[str]) -> str | list[int] | list[str]:
-        if isinstance(v, list) and v and isinstance(v[0], str) and len(v) != 1:
-            raise ValueError(f"one prompt per request, got {len(v)}")
-        return v
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts, each a text or token ids, in order."""
+        p = self.prompt
+        if isinstance(p, str) or not p or isinstance(p[0], int):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
 
     @property
     def token_limit(self) -> int | None:
