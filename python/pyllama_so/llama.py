@@ -248,6 +248,22 @@ class Llama:
 
     # -- lifetime --
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str, additional_files: Sequence[str] | None = None,
+                        local_dir: str | os.PathLike[str] | None = None, local_dir_use_symlinks: bool | str = "auto",
+                        cache_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> Llama:
+        """llama-cpp-python's: a Llama of the one GGUF file of Hugging Face repository repo_id whose path matches
+        filename (a glob, e.g. "*Q4_K_M.gguf"), downloaded with huggingface_hub into its cache or local_dir,
+        with the rest of its shards when it is a split model and the files matching additional_files; kwargs
+        go to Llama(). ValueError when no file or several match; ImportError without huggingface_hub (the
+        hub extra). local_dir_use_symlinks is accepted for llama-cpp-python's signature (huggingface_hub no
+        longer has it)."""
+        from pyllama_so import hub
+
+        path = hub.download(repo_id, filename, additional_files=additional_files, local_dir=local_dir,
+                            cache_dir=cache_dir)
+        return cls(path, **kwargs)
+
     def close(self) -> None:
         """Free the context, then the LoRA adapter and the model. Idempotent."""
         if self._ctx is not None:
