@@ -67,3 +67,24 @@ def test_a_shard_without_its_siblings_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="shard 1 of 2, but the repository lacks m-00002-of-00002.gguf"):
         hub.shards_of("m-00001-of-00002.gguf", ["m-00001-of-00002.gguf"])
     assert hub.shards_of("plain.gguf", ["plain.gguf"]) == []
+
+
+def test_the_quantization_of_llama_servers_hf_flag() -> None:
+    """-hf REPO[:QUANT]: the file whose name holds QUANT (case-insensitive), Q4_K_M by default, else the first
+    GGUF file; a split model's first shard; never a projector."""
+    files = ["README.md", "mmproj-model-f16.gguf", "Model-Q8_0.gguf", "Model-Q4_K_M.gguf",
+             "big/Model-F16-00002-of-00002.gguf", "big/Model-F16-00001-of-00002.gguf"]
+    assert hub.quant_file(files, None) == "Model-Q4_K_M.gguf"
+    assert hub.quant_file(files, "q8_0") == "Model-Q8_0.gguf"
+    assert hub.quant_file(files, "F16") == "big/Model-F16-00001-of-00002.gguf"
+    assert hub.quant_file(["mmproj-f16.gguf", "b-IQ2_XS.gguf", "a-Q5_K_S.gguf"], None) == "a-Q5_K_S.gguf"
+    with pytest.raises(ValueError, match="no GGUF file of quantization Q2_K"):
+        hub.quant_file(files, "Q2_K")
+    with pytest.raises(ValueError, match="no GGUF file in the repository"):
+        hub.quant_file(["README.md", "mmproj.gguf"], None)
+
+
+def test_download_quant_downloads_the_chosen_file(repo: dict[str, list]) -> None:
+    assert hub.download_quant("org/tiny-GGUF:f16").name == "tiny.F16.gguf"
+    assert hub.download_quant("org/tiny-GGUF", "tiny.Q8_0.gguf").name == "tiny.Q8_0.gguf"
+    assert repo["downloads"] == ["tiny.F16.gguf", "tiny.Q8_0.gguf"]

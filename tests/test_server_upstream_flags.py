@@ -37,7 +37,7 @@ def test_a_llama_server_command_line_parses() -> None:
     (["--mlock"], "argument --mlock: not supported by this server (locking the model in RAM)"),
     (["-dev", "CUDA0"], "argument -dev: not supported by this server (choosing devices by name"),
     (["--cache-reuse", "256"], "argument --cache-reuse: not supported by this server"),
-    (["-hf", "org/model"], "argument -hf: not supported by this server (downloading models (give -m FILE))"),
+    (["-mu", "http://host/model.gguf"], "argument -mu: not supported by this server (downloading a model from a URL"),
     (["--no-jinja"], "argument --no-jinja: not supported by this server"),
     (["--rope-freq-base", "1e6"], "argument --rope-freq-base: not supported by this server (RoPE overrides)"),
     (["--reasoning-format", "deepseek"], "only 'none' is supported"),
@@ -48,6 +48,12 @@ def test_what_is_not_supported_exits_2_saying_so(argv: list[str], says: str, cap
         server_parser().parse_args(argv)
     assert e.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_hf_and_m_together_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from pyllama_so.server.__main__ import main as server_main
+    assert server_main(["-m", "x.gguf", "-hf", "org/model"]) == 2
+    assert "give -m or -hf, not both" in capsys.readouterr().err
 
 
 def test_the_engine_checks_its_prefix_share(tiny_model: Path) -> None:

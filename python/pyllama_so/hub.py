@@ -45,6 +45,30 @@ def shards_of(path: str, files: Sequence[str]) -> list[str]:
     return want
 
 
+def quant_file(files: Sequence[str], quant: str | None) -> str:
+    """llama-server's -hf REPO[:QUANT] choice: the GGUF file (the first shard of a split one) whose name holds
+    QUANT, case-insensitive, Q4_K_M when none is given, falling back to the first GGUF file then; never a
+    multimodal projector (mmproj)."""
+    ggufs = sorted(f for f in files if f.lower().endswith(".gguf") and "mmproj" not in Path(f).name.lower())
+    ggufs = [f for f in ggufs if (m := _SHARD.match(f)) is None or int(m["i"]) == 1]
+    want = (quant or "Q4_K_M").lower()
+    found = [f for f in ggufs if want in Path(f).name.lower()]
+    if found:
+        return found[0]
+    if quant is None and ggufs:
+        return ggufs[0]
+    raise ValueError(f"no GGUF file {'of quantization ' + quant + ' ' if quant else ''}in the repository; "
+                     f"its files: {', '.join(files)}")
+
+
+def download_quant(repo_quant: str, filename: str | None = None) -> Path:
+    """The local path of llama-server's -hf REPO[:QUANT] (-hff FILE names the file instead), downloaded."""
+    repo_id, _, quant = repo_quant.partition(":")
+    if filename is None:
+        filename = quant_file(list(_hub().list_repo_files(repo_id)), quant or None)
+    return download(repo_id, filename)
+
+
 def download(repo_id: str, filename: str, *, additional_files: Sequence[str] | None = None,
              local_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
              revision: str | None = None) -> Path:

@@ -202,7 +202,18 @@ def _main(argv: list[str] | None) -> int:
         print(f"server: error: {e.strerror}", file=sys.stderr)
         return 1
     try:
-        path = Path(ns.model) if ns.model else cached_model(ns.synthetic)
+        if ns.hf_repo and ns.model:
+            print("server: error: give -m or -hf, not both", file=sys.stderr)
+            return 2
+        if ns.hf_repo:
+            from pyllama_so import hub
+            try:
+                path = hub.download_quant(ns.hf_repo, ns.hf_file)
+            except Exception as e:  # huggingface_hub's errors (no network, no such repository, no token) too
+                print(f"server: error: -hf {ns.hf_repo}: {e}", file=sys.stderr)
+                return 1
+        else:
+            path = Path(ns.model) if ns.model else cached_model(ns.synthetic)
         if not path.is_file():
             print(f"server: model file not found: {path}", file=sys.stderr)
             return 1

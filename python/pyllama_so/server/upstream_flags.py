@@ -44,7 +44,7 @@ UNSUPPORTED = {
     (("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx",
       "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast"), True): "RoPE overrides",
     (("--mmproj", "-mm", "--mmproj-url", "-mmu"), True): "multimodal projectors",
-    (("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url"), True): "downloading models (give -m FILE)",
+    (("-mu", "--model-url"), True): "downloading a model from a URL (give -m FILE, or -hf REPO[:QUANT])",
     (("--chat-template-kwargs",), True): "server-wide chat template arguments (send chat_template_kwargs per request)",
     (("--lora", "--lora-scaled"), True): "LoRA adapters in the server",
     (("-md", "--model-draft", "--draft-max", "--draft", "--draft-n", "--draft-min", "--draft-p-min"), True):
@@ -97,6 +97,11 @@ def add_upstream_flags(ap: argparse.ArgumentParser) -> None:
                        help="the share of a prompt a slot's cached prefix must hold for the request to take that "
                        "slot over one next to the busy slots; 0: never by prefix (default 0.1)")
     group.add_argument("--log-disable", action="store_true", help="log warnings and errors only")
+    group.add_argument("-hf", "-hfr", "--hf-repo", default=A.env_default("HF_REPO", "") or None, metavar="REPO[:QUANT]",
+                       help="the model from a Hugging Face repository, instead of -m: the GGUF file of QUANT "
+                       "(case-insensitive; default Q4_K_M, else the first), through huggingface_hub's cache "
+                       "(the hub extra; env LLAMA_ARG_HF_REPO)")
+    group.add_argument("-hff", "--hf-file", default=None, metavar="FILE", help="the file of -hf's repository instead")
     group.add_argument("--reasoning-format", type=_reasoning_format, default="none", metavar="none",
                        help="'none' only: reasoning is not split from the content")
     for names, why in SAME.items():
