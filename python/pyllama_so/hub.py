@@ -19,7 +19,7 @@ def _hub():  # type: ignore[no-untyped-def]
     try:
         import huggingface_hub
     except ImportError:
-        raise ImportError(f"Llama.from_pretrained needs huggingface_hub: {EXTRA}") from None
+        raise ImportError(f"downloading from the Hugging Face Hub needs huggingface_hub: {EXTRA}") from None
     return huggingface_hub
 
 
