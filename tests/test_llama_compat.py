@@ -498,3 +498,19 @@ def test_detokenize_of_smollm2_real_tokens() -> None:
         assert llm.detokenize([1, 38699]) == b"Hello"
         assert llm.detokenize([1, 38699], special=True) == b"<|im_start|> Hello"
         assert llm.token_nl() == 198
+
+
+def test_tokenizer_is_llama_cpp_pythons(tiny_model: Path) -> None:
+    """Llama.tokenizer(): encode / decode on str, tokenize / detokenize on bytes, with llama-cpp-python's defaults
+    (special tokens parsed by encode and tokenize); from_ggml_file reads a vocabulary alone."""
+    from pyllama_so import LlamaTokenizer
+    with Llama(tiny_model, n_ctx=256, n_threads=2) as llm:
+        tok = llm.tokenizer()
+        assert isinstance(tok, LlamaTokenizer)
+        ids = tok.encode("hello world")
+        assert ids == llm.tokenize(b"hello world", add_bos=True, special=True)
+        assert tok.decode(ids) == llm.detokenize(ids).decode("utf-8")
+        assert tok.tokenize(b"hello world", add_bos=False) == llm.tokenize(b"hello world", add_bos=False, special=True)
+        assert tok.detokenize(ids) == llm.detokenize(ids)
+    vocab = LlamaTokenizer.from_ggml_file(tiny_model)
+    assert vocab.encode("hello world") == ids

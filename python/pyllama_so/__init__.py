@@ -23,6 +23,7 @@ from pyllama_so.grammar import LlamaGrammar
 from pyllama_so.llama import Llama, LlamaState
 from pyllama_so.logprobs import LogitsProcessorList, StoppingCriteriaList
 from pyllama_so.sampling import SamplingParams
+from pyllama_so.tokenizer import LlamaTokenizer
 
 try:
     __version__ = _pkg_version("pyllama_so")
@@ -33,6 +34,7 @@ __all__ = [
     "Llama",
     "LlamaState",
     "LlamaGrammar",
+    "LlamaTokenizer",
     "LogitsProcessorList",
     "SamplingParams",
     "StoppingCriteriaList",

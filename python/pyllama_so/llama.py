@@ -14,7 +14,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +29,9 @@ from pyllama_so.grammar import LlamaGrammar, grammar_text, resolve_grammar
 from pyllama_so.logprobs import LogitsProcessor, LogprobRows, StoppingCriteria, completion_logprobs
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
+
+if TYPE_CHECKING:
+    from pyllama_so.tokenizer import LlamaTokenizer
 
 _GGUF_MAGIC = b"GGUF"
 
@@ -414,6 +417,13 @@ class Llama:
         """UTF-8 bytes (llama-cpp-python's type) or a str to token ids; add_bos adds the model's special
         tokens (BOS where the model wants one), special parses special-token text such as "<|im_end|>"."""
         return self._model_part().tokenize(text, add_special=add_bos, parse_special=special).tolist()
+
+    def tokenizer(self) -> LlamaTokenizer:
+        """llama-cpp-python's: this model's tokenizer as a LlamaTokenizer (encode / decode, tokenize / detokenize)."""
+        from pyllama_so.tokenizer import LlamaTokenizer
+
+        self._model_part()
+        return LlamaTokenizer(self)
 
     def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
                    special: bool = False) -> bytes:
