@@ -514,3 +514,17 @@ def test_tokenizer_is_llama_cpp_pythons(tiny_model: Path) -> None:
         assert tok.detokenize(ids) == llm.detokenize(ids)
     vocab = LlamaTokenizer.from_ggml_file(tiny_model)
     assert vocab.encode("hello world") == ids
+
+
+def test_a_pickled_llama_loads_the_model_again(tiny_model: Path) -> None:
+    """As llama-cpp-python: pickling keeps the constructor's arguments, and the copy answers as the original."""
+    import pickle
+    with Llama(tiny_model, n_ctx=256, n_threads=2, seed=3) as llm:
+        want = llm.create_completion("Hello", max_tokens=6, temperature=0)["choices"][0]["text"]
+        blob = pickle.dumps(llm)
+    copy = pickle.loads(blob)
+    try:
+        assert copy.model_path == str(tiny_model) and copy.n_ctx() == 256
+        assert copy.create_completion("Hello", max_tokens=6, temperature=0)["choices"][0]["text"] == want
+    finally:
+        copy.close()

@@ -137,6 +137,7 @@ class Llama:
     _model: _llama.Model | None = None
     _ctx: _llama.Context | None = None
     _lora: _llama.LoraAdapter | None = None
+    _init_args: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -172,6 +173,8 @@ class Llama:
         lora_base: str | None = None,
         verbose: bool = False,
     ) -> None:
+        # what pickling gives back to __init__ (llama-cpp-python's __getstate__): the arguments, not the state
+        self._init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         path = Path(os.fspath(model_path))
         for name, flag in (("embedding", embedding), ("logits_all", logits_all)):
             if not isinstance(flag, bool):
@@ -250,6 +253,16 @@ class Llama:
                 warnings.warn(f"split_overlap stays off: {stats['reason']}", UserWarning, stacklevel=2)
 
     # -- lifetime --
+
+    def __getstate__(self) -> dict[str, Any]:
+        """llama-cpp-python's pickling: the constructor's arguments (a copy loads the model again; the KV cache
+        and the tokens evaluated are not carried: save_state() / load_state() do that)."""
+        if self._init_args is None:
+            raise TypeError("a Llama whose __init__ did not run cannot be pickled")
+        return dict(self._init_args)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str, additional_files: Sequence[str] | None = None,
