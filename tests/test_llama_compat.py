@@ -528,3 +528,17 @@ def test_a_pickled_llama_loads_the_model_again(tiny_model: Path) -> None:
         assert copy.create_completion("Hello", max_tokens=6, temperature=0)["choices"][0]["text"] == want
     finally:
         copy.close()
+
+
+def test_create_chat_completion_openai_v1_gives_the_openai_packages_types(tiny_model: Path) -> None:
+    openai_chat = pytest.importorskip("openai.types.chat")
+    messages = [{"role": "user", "content": "Hello"}]
+    with Llama(tiny_model, n_ctx=256, n_threads=2) as llm:
+        want = llm.create_chat_completion(messages, max_tokens=5, temperature=0)
+        got = llm.create_chat_completion_openai_v1(messages, max_tokens=5, temperature=0)
+        assert isinstance(got, openai_chat.ChatCompletion)
+        assert got.choices[0].message.content == want["choices"][0]["message"]["content"]
+        assert got.usage is not None and got.usage.completion_tokens == want["usage"]["completion_tokens"]
+        chunks = list(llm.create_chat_completion_openai_v1(messages, max_tokens=5, temperature=0, stream=True))
+        assert all(isinstance(c, openai_chat.ChatCompletionChunk) for c in chunks)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want["choices"][0]["message"]["content"]

@@ -802,6 +802,18 @@ class Llama:
         lps = completion_logprobs(pending.take(sent, final=True)) if pending is not None else None
         yield chunk(tail, finish, lps, usage=usage)
 
+    def create_chat_completion_openai_v1(self, *args: Any, **kwargs: Any) -> Any:
+        """llama-cpp-python's: create_chat_completion's answer as the openai package's ChatCompletion (an
+        iterator of ChatCompletionChunk with stream=True). ImportError without the openai package."""
+        try:
+            from openai.types.chat import ChatCompletion, ChatCompletionChunk
+        except ImportError:
+            raise ImportError("create_chat_completion_openai_v1 needs the openai package: pip install openai") from None
+        out = self.create_chat_completion(*args, **kwargs)
+        if kwargs.get("stream"):
+            return (ChatCompletionChunk(**chunk) for chunk in out)
+        return ChatCompletion(**out)
+
     def create_chat_completion(
         self,
         messages: Sequence[Mapping[str, Any]],
