@@ -19,6 +19,7 @@ from pyllama_so._llama import (
     system_info,
     upstream_version,
 )
+from pyllama_so.cache import LlamaCache, LlamaRAMCache
 from pyllama_so.grammar import LlamaGrammar
 from pyllama_so.llama import Llama, LlamaState
 from pyllama_so.logprobs import LogitsProcessorList, StoppingCriteriaList
@@ -35,6 +36,8 @@ __all__ = [
     "LlamaState",
     "LlamaGrammar",
     "LlamaTokenizer",
+    "LlamaCache",
+    "LlamaRAMCache",
     "LogitsProcessorList",
     "SamplingParams",
     "StoppingCriteriaList",

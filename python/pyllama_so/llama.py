@@ -138,6 +138,7 @@ class Llama:
     _ctx: _llama.Context | None = None
     _lora: _llama.LoraAdapter | None = None
     _init_args: dict[str, Any] | None = None
+    cache: Any = None  # set_cache()'s (a pyllama_so.cache.LlamaRAMCache), or None
 
     def __init__(
         self,
@@ -463,6 +464,12 @@ class Llama:
         self._seed_value = int(seed)
         self._rng = np.random.default_rng(None if seed == -1 else int(seed))
 
+    def set_cache(self, cache: Any) -> None:
+        """llama-cpp-python's: completions start from the cached state (pyllama_so.cache.LlamaRAMCache) sharing
+        the longest prefix with their prompt, where it is longer than what the context holds, and leave their
+        own state in the cache; None turns it off."""
+        self.cache = cache
+
     def save_state(self) -> LlamaState:
         """The context's state (llama_state_get_data) with the tokens, kept logits rows and seed."""
         _, ctx = self._generative()
@@ -773,6 +780,8 @@ class Llama:
 
         if echo:
             yield chunk(self._text(prompt_tokens).decode("utf-8", "replace"), None)
+        if self.cache is not None:
+            self._from_cache(prompt_tokens)
         text = TextStream(self._text, stops)
         pending = LogprobRows(lambda tok: self._text([tok]).decode("utf-8", "ignore"), prompt_len) \
             if n_logprobs is not None else None
@@ -800,7 +809,21 @@ class Llama:
                  "total_tokens": len(prompt_tokens) + len(produced)}
         sent += len(tail)
         lps = completion_logprobs(pending.take(sent, final=True)) if pending is not None else None
+        if self.cache is not None:
+            self.cache[self._tokens] = self.save_state()
         yield chunk(tail, finish, lps, usage=usage)
+
+    def _from_cache(self, prompt_tokens: Sequence[int]) -> None:
+        """Load the cached state sharing the longest prefix with prompt_tokens, if longer than the context's."""
+        from pyllama_so.cache import common_prefix
+
+        try:
+            state = self.cache[prompt_tokens]
+        except KeyError:
+            return
+        cached = common_prefix([int(t) for t in state.input_ids[: state.n_tokens]], prompt_tokens)
+        if cached > common_prefix(self._tokens, prompt_tokens):
+            self.load_state(state)
 
     def create_chat_completion_openai_v1(self, *args: Any, **kwargs: Any) -> Any:
         """llama-cpp-python's: create_chat_completion's answer as the openai package's ChatCompletion (an
