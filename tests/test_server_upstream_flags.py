@@ -82,3 +82,20 @@ def test_a_server_started_with_llama_server_flags_answers_as_llama(tiny_model: P
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["text"] == want
         assert "--threads-http is ignored" in s.log
+
+
+def test_a_full_unified_cache_fails_its_requests_not_the_server(tiny_model: Path) -> None:
+    """-kvu lets each of 2 slots use all of -c 256: two requests of 150 + 100 tokens together do not fit. The
+    step whose llama_decode finds no room ends those requests with a 500 that says so; the engine goes on."""
+    from concurrent.futures import ThreadPoolExecutor
+    body = {"prompt": list(range(3, 153)), "max_tokens": 100, "temperature": 1.0, "ignore_eos": True}
+    with ServerProcess(["-m", str(tiny_model), "-t", "2", "-c", "256", "-np", "2", "-kvu"]) as s:
+        with ThreadPoolExecutor(2) as ex:
+            answers = list(ex.map(lambda seed: httpx.post(f"{s.url}/v1/completions", json={**body, "seed": seed},
+                                                          timeout=120), range(2)))
+        failed = [r for r in answers if r.status_code != 200]
+        assert failed, [r.status_code for r in answers]
+        assert all(r.status_code == 500 and "context is full" in r.json()["error"]["message"] for r in failed)
+        assert httpx.get(f"{s.url}/health").status_code == 200
+        r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4

@@ -666,14 +666,15 @@ class Engine:
         t_return = time.perf_counter()
         self._step_ended(items)
         outs, ended = self._took(items, sampled, t_wait, t1)
+        if error is not None:  # the next llama_decode failed (started is empty): its requests end, the engine goes on
+            self._fail_step([item for item in plan if item[0].state is SlotState.PREFILL or item[0].continues], error)
+            return outs, ended
         by_slot = {s.id: (s, job, want) for s, job, _, want in plan}
         went = [(by_slot[sid][0], by_slot[sid][1], list(toks), by_slot[sid][2]) for sid, toks, _, _ in started]
         if {s.id for s, _, _, _ in went if s.state is SlotState.GENERATE} != \
                 {s.id for s, job, _, want in items if want and s.job is job and s.continues}:
             raise RuntimeError("the chained step disagrees with the engine on which slots go on")
-        if error is not None:
-            self._fail_step([item for item in plan if item[0].state is SlotState.PREFILL or item[0].continues], error)
-        elif went:
+        if went:
             for s, _, _, _ in went:
                 s.in_step = True
             self._running, self._t_step_start, self._t_issued = went, t_launch, t_return
