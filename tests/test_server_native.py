@@ -212,6 +212,25 @@ def test_a_job_for_a_busy_slot_waits_without_holding_back_others(tiny_model: Pat
     assert ended == [("any", 1), ("long", 0), ("pinned", 0)]
 
 
+def test_n_cmpl_gives_an_array_of_the_requests_with_the_next_seeds(server: Server) -> None:
+    """n_cmpl 3 (or OpenAI's n as its fallback): an array of three results, index 0..2, each what one request
+    gets with seed 11, 12, 13; streamed, each event names its completion's index."""
+    body = {"prompt": PROMPT, "n_predict": 6, **SEEDED, "ignore_eos": True}
+    alone = [server.post("/completion", {**body, "seed": 11 + i}).json()["content"] for i in range(3)]
+    assert len(set(alone)) > 1
+    out = server.post("/completion", {**body, "n_cmpl": 3}).json()
+    assert isinstance(out, list) and [x["index"] for x in out] == [0, 1, 2]
+    assert [x["content"] for x in out] == alone
+    assert [x["content"] for x in server.post("/completion", {**body, "n": 2}).json()] == alone[:2]
+    assert isinstance(server.post("/completion", {**body, "n_cmpl": 1}).json(), dict)
+    streamed = events(server.post("/completion", {**body, "n_cmpl": 2, "stream": True}))
+    texts = {0: "", 1: ""}
+    for e in streamed:
+        texts[e["index"]] += e["content"]
+    assert [texts[0], texts[1]] == alone[:2]
+    assert sorted(e["index"] for e in streamed if e["stop"]) == [0, 1]
+
+
 def test_response_fields(server: Server) -> None:
     out = server.post("/completion", {"prompt": PROMPT, "n_predict": 2, "response_fields": [
         "content", "generation_settings/n_predict", "missing"]}).json()
@@ -329,6 +348,8 @@ def test_a_body_is_json_whatever_its_content_type(server: Server) -> None:
     ("/completion", {"prompt": "Hi", "id_slot": -2}),
     ("/completion", {"prompt": "Hi", "samplers": ["top_k"]}),
     ("/completion", {"prompt": "Hi", "post_sampling_probs": True}),
+    ("/completion", {"prompt": "Hi", "n_cmpl": 5}),  # more completions than the 4 slots
+    ("/completion", {"prompt": "Hi", "n_cmpl": 2, "id_slot": 0}),
     ("/completion", {"prompt": "Hi", "grammar": "root ::= ("}),
     ("/completion", {"prompt": [1, 99999]}),
     ("/completion", b'{"prompt": "Hi"'),

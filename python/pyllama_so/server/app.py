@@ -9,7 +9,6 @@ on its native ones (errors.py).
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import time
@@ -35,7 +34,8 @@ from pyllama_so.server.chat import ChatTemplate
 from pyllama_so.server.cors import cors_options
 from pyllama_so.server.engine import SHUTTING_DOWN, Delta, Done, Engine, Event
 from pyllama_so.server.errors import ApiError
-from pyllama_so.server.jobs import Run, check_n, failure, make_job, request_grammar, start_runs
+from pyllama_so.server.jobs import (Run, cancel_all, check_n, collect_all, failure, make_job, merged, request_grammar,
+                                    start_runs)
 from pyllama_so.server.prompts import checked_ids
 from pyllama_so.server.schemas import ChatRequest, ChatTemplateRequest, CompletionRequest, GenerationRequest
 from pyllama_so.server.settings import ServerDefaults
@@ -144,18 +144,6 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                                          extra_stops=extra_stops, choice=choice)
         return start_runs(engine, [make(p, c) for p in prompts for c in range(body.n)], prompt_param)
 
-    def cancel_all(runs: Sequence[Run]) -> None:
-        for run in runs:
-            run.cancel()
-
-    async def collect_all(runs: Sequence[Run], request: Request) -> list[tuple[str, Done]] | None:
-        """Every choice's text and Done, or None when the client left (all cancelled)."""
-        try:
-            results = await asyncio.gather(*(run.collect(request) for run in runs))
-        finally:
-            cancel_all(runs)
-        return None if any(r is None for r in results) else results  # type: ignore[return-value]
-
     def stream(runs: Sequence[Run], body: GenerationRequest, chunk: Callable[..., dict[str, Any]],
                first: Callable[[int], list[dict[str, Any]]], delta: Callable[[str], Any], last: Callable[[str], Any],
                logprobs: Callable[[Sequence[TokenLogprob]], Any]) -> EventSourceResponse:
@@ -166,25 +154,13 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         want = runs[0].job.logprobs is not None
 
         async def events() -> AsyncIterator[dict[str, str]]:
-            merged: asyncio.Queue[tuple[int, Event | None]] = asyncio.Queue()
-
-            async def pump(i: int, run: Run) -> None:
-                async for event in run:
-                    await merged.put((i, event))
-                await merged.put((i, None))
-
-            pumps = [asyncio.ensure_future(pump(i, run)) for i, run in enumerate(runs)]
             dones: dict[int, Done] = {}
             try:
                 for i in range(len(runs)):
                     for c in first(i):
                         yield _sse(c)
-                left = len(runs)
-                while left:
-                    i, event = await merged.get()
-                    if event is None:
-                        left -= 1
-                    elif isinstance(event, Delta):
+                async for i, event in merged(runs):
+                    if isinstance(event, Delta):
                         yield _sse(chunk(delta(event.text), None, lps=want and logprobs(event.logprobs), index=i))
                     elif isinstance(event, Done):
                         dones[i] = event
@@ -198,8 +174,6 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                     yield _sse({**chunk(delta(""), None), "choices": [], "usage": usage})
                 yield {"data": "[DONE]"}
             finally:
-                for p in pumps:
-                    p.cancel()
                 cancel_all(runs)
 
         # the background task also cancels jobs whose stream never started (a client gone at once);

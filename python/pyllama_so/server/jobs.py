@@ -46,6 +46,43 @@ def start_runs(engine: Engine, makes: Sequence[Callable[[Callable[[Event], None]
     return runs
 
 
+def cancel_all(runs: Sequence[Run]) -> None:
+    for run in runs:
+        run.cancel()
+
+
+async def collect_all(runs: Sequence[Run], request: Request) -> list[tuple[str, Done]] | None:
+    """Every run's text and Done, or None when the client left (all cancelled)."""
+    try:
+        results = await asyncio.gather(*(run.collect(request) for run in runs))
+    finally:
+        cancel_all(runs)
+    return None if any(r is None for r in results) else results  # type: ignore[return-value]
+
+
+async def merged(runs: Sequence[Run]) -> AsyncIterator[tuple[int, Event]]:
+    """The events of several runs as they come, each with the index of its run, until every run has ended."""
+    queue: asyncio.Queue[tuple[int, Event | None]] = asyncio.Queue()
+
+    async def pump(i: int, run: Run) -> None:
+        async for event in run:
+            await queue.put((i, event))
+        await queue.put((i, None))
+
+    pumps = [asyncio.ensure_future(pump(i, run)) for i, run in enumerate(runs)]
+    try:
+        left = len(runs)
+        while left:
+            i, event = await queue.get()
+            if event is None:
+                left -= 1
+            else:
+                yield i, event
+    finally:
+        for p in pumps:
+            p.cancel()
+
+
 class Run:
     """A job submitted from the event loop; its events arrive through an asyncio queue. make(emit) builds
     the Job (its checks raise ApiError before anything is queued); prompt_param names the request field

@@ -28,7 +28,7 @@ from pyllama_so.server import errors
 from pyllama_so.server.engine import Delta, Done, Engine
 from pyllama_so.server.errors import ApiError
 from pyllama_so.server.infill import Chunk, infill_tokens, missing_fim_tokens
-from pyllama_so.server.jobs import Run, failure, make_job, request_grammar
+from pyllama_so.server.jobs import cancel_all, check_n, collect_all, failure, make_job, merged, request_grammar, start_runs
 from pyllama_so.server.native_schemas import (DetokenizeRequest, InfillRequest, NativeCompletionRequest,
                                               TokenizeRequest, bias_value)
 from pyllama_so.server.prompts import checked_ids, mixed_tokens, nonempty
@@ -112,27 +112,34 @@ def install(app: FastAPI, engine: Engine, *, model_id: str, defaults: ServerDefa
             n_predict = -1 if defaults.n_predict is None else defaults.n_predict
         cid = f"cmpl-{uuid.uuid4().hex}"
 
-        def make(emit: Any) -> Any:
-            job = make_job(engine, body, prompt, emit, None if n_predict == -1 else n_predict, cid, grammar,
-                           defaults=defaults, logit_bias=logit_bias, id_slot=None if body.id_slot == -1 else body.id_slot,
-                           cache_prompt=body.cache_prompt)
-            job.settings = generation_settings(job.sampling, n_predict=n_predict, stop=job.stop, stream=body.stream,
-                                               n_probs=job.logprobs or 0, ignore_eos=job.ignore_eos, grammar=grammar,
-                                               backend_sampling=engine.backend_sampling)
-            return job
+        n_choices = body.n_choices
+        check_n(engine, n_choices)
+        if n_choices > 1 and body.id_slot != -1:
+            raise ApiError(400, "n_cmpl > 1 needs a slot per completion: leave id_slot out", param="id_slot")
 
-        run = Run(engine, make, "prompt")
-        settings = run.job.settings
+        def make(choice: int) -> Any:
+            def job_of(emit: Any) -> Any:
+                job = make_job(engine, body, prompt, emit, None if n_predict == -1 else n_predict, cid, grammar,
+                               defaults=defaults, logit_bias=logit_bias, choice=choice,
+                               id_slot=None if body.id_slot == -1 else body.id_slot, cache_prompt=body.cache_prompt)
+                job.settings = generation_settings(job.sampling, n_predict=n_predict, stop=job.stop,
+                                                   stream=body.stream, n_probs=job.logprobs or 0,
+                                                   ignore_eos=job.ignore_eos, grammar=grammar,
+                                                   backend_sampling=engine.backend_sampling)
+                return job
+            return job_of
+
+        runs = start_runs(engine, [make(c) for c in range(n_choices)], "prompt")
         prompt_text = model.detokenize_bytes(prompt, unparse_special=True).decode("utf-8", "replace")
-        want_probs = run.job.logprobs is not None
+        want_probs = runs[0].job.logprobs is not None
 
-        def final(text: str, done: Done, tokens: list[int], rows: Sequence[TokenLogprob]) -> dict[str, Any]:
+        def final(i: int, text: str, done: Done, tokens: list[int], rows: Sequence[TokenLogprob]) -> dict[str, Any]:
             u = done.usage
             limited = done.finish_reason == "length"
             out: dict[str, Any] = {
-                "index": 0, "content": text, "tokens": tokens, "id_slot": done.slot, "stop": True, "model": model_id,
+                "index": i, "content": text, "tokens": tokens, "id_slot": done.slot, "stop": True, "model": model_id,
                 "tokens_predicted": u.completion_tokens, "tokens_evaluated": u.prompt_tokens,
-                "generation_settings": settings, "prompt": prompt_text, "has_new_line": "\n" in text,
+                "generation_settings": runs[i].job.settings, "prompt": prompt_text, "has_new_line": "\n" in text,
                 # the slot's context ended the generation (not n_predict)
                 "truncated": limited and (n_predict == -1 or u.completion_tokens < n_predict),
                 "stop_type": "limit" if limited else "word" if done.stopping_word else "eos",
@@ -143,40 +150,40 @@ def install(app: FastAPI, engine: Engine, *, model_id: str, defaults: ServerDefa
             return out if body.response_fields is None else pick(out, body.response_fields)
 
         if not body.stream:
-            result = await run.collect(request)
-            if result is None:
+            results = await collect_all(runs, request)
+            if results is None:
                 return {}  # the client is gone
-            text, done = result
-            return final(text, done, run.tokens if body.return_tokens else [], run.logprobs)
+            outs = [final(i, text, done, run.tokens if body.return_tokens else [], run.logprobs)
+                    for i, (run, (text, done)) in enumerate(zip(runs, results))]
+            return outs[0] if len(outs) == 1 else outs  # llama-server: an array of results for several
 
         async def events() -> AsyncIterator[dict[str, str]]:
-            predicted = 0
+            predicted = [0] * len(runs)
 
-            def partial(event: Delta | Done) -> dict[str, Any]:
-                nonlocal predicted
-                predicted += len(event.tokens)
-                chunk: dict[str, Any] = {"index": 0, "content": event.text, "tokens": list(event.tokens),
-                                         "stop": False, "id_slot": event.slot, "tokens_predicted": predicted,
+            def partial(i: int, event: Delta | Done) -> dict[str, Any]:
+                predicted[i] += len(event.tokens)
+                chunk: dict[str, Any] = {"index": i, "content": event.text, "tokens": list(event.tokens),
+                                         "stop": False, "id_slot": event.slot, "tokens_predicted": predicted[i],
                                          "tokens_evaluated": len(prompt)}
                 if want_probs and event.logprobs:
                     chunk["completion_probabilities"] = probabilities(model, event.logprobs)
                 return chunk
 
             try:
-                async for event in run:
+                async for i, event in merged(runs):
                     if isinstance(event, Delta):
-                        yield _sse(partial(event))
+                        yield _sse(partial(i, event))
                     elif isinstance(event, Done):
                         if event.text or event.tokens:  # the text held back until the end
-                            yield _sse(partial(event))
-                        yield _sse(final("", event, [], ()))
+                            yield _sse(partial(i, event))
+                        yield _sse(final(i, "", event, [], ()))
                     else:
                         e = failure(event)
                         yield _sse(errors.native_error_body(e.status, e.message, e.code))
             finally:
-                run.cancel()
+                cancel_all(runs)
 
-        return EventSourceResponse(events(), background=BackgroundTask(run.cancel), sep="\n",
+        return EventSourceResponse(events(), background=BackgroundTask(cancel_all, runs), sep="\n",
                                    shutdown_grace_period=stream_grace)
 
     async def completion(body: NativeCompletionRequest, request: Request) -> Any:

@@ -17,11 +17,12 @@ MixedPrompt = Text | list[StrictInt | Text]
 
 # llama-server fields this server does not implement, and the value that leaves them off
 UNSUPPORTED = {"dynatemp_range": 0.0, "samplers": None, "post_sampling_probs": False, "n_indent": 0,
-               "t_max_predict_ms": 0, "lora": None, "n_cmpl": 1, "adaptive_target": -1.0}
+               "t_max_predict_ms": 0, "lora": None, "adaptive_target": -1.0}
 
 
 class NativeCompletionRequest(GenerationRequest):
-    """POST /completion. n_predict (also max_tokens / max_completion_tokens): -1 (default, or the server's
+    """POST /completion. n_cmpl (or n): that many completions of the prompt, an array of results when more than
+    one (at most the server's slots). n_predict (also max_tokens / max_completion_tokens): -1 (default, or the server's
     -n) until the end of the slot's context, 0 the prompt is evaluated into the cache and nothing is
     generated. n_probs (also logprobs): the top-N log-probabilities of each generated token. logit_bias:
     [[token, bias], ...] or {token: bias}, a token an id or a text (each of its tokens), a bias a number or
@@ -45,8 +46,12 @@ class NativeCompletionRequest(GenerationRequest):
     n_indent: int = 0
     t_max_predict_ms: int = 0
     lora: list[Any] | None = None
-    n_cmpl: int = 1
     adaptive_target: float = -1.0
+    n_cmpl: int | None = None  # completions of the prompt (llama-server's; OpenAI's n is its fallback)
+
+    @property
+    def n_choices(self) -> int:
+        return self.n if self.n_cmpl is None else self.n_cmpl
 
     @field_validator(*UNSUPPORTED)
     @classmethod
