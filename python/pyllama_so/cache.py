@@ -8,15 +8,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from pyllama_so.llama import LlamaState
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+from pyllama_so.prefix import common_prefix
 
 
 class LlamaRAMCache:

@@ -27,6 +27,7 @@ from pyllama_so.config import ContextParams, ModelParams, check_combination, cre
 from pyllama_so.embeddings import embed_tokens, embedding_sequences, normalize as normalize_embedding
 from pyllama_so.grammar import LlamaGrammar, grammar_text, resolve_grammar
 from pyllama_so.logprobs import LogitsProcessor, LogprobRows, StoppingCriteria, completion_logprobs
+from pyllama_so.prefix import common_prefix
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
 
@@ -580,12 +581,7 @@ class Llama:
             raise ValueError("the prompt is empty")
         if len(tokens) > ctx.n_ctx:
             raise ContextFullError(f"the prompt has {len(tokens)} tokens but n_ctx is {ctx.n_ctx}")
-        keep = 0
-        for a, b in zip(self._tokens, tokens):
-            if a != b:
-                break
-            keep += 1
-        keep = min(keep, len(tokens) - 1)  # always evaluate at least one token to get logits
+        keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)  # always evaluate one token: its logits
         if keep < len(self._tokens):
             try:
                 ctx.truncate(keep)
@@ -815,8 +811,6 @@ class Llama:
 
     def _from_cache(self, prompt_tokens: Sequence[int]) -> None:
         """Load the cached state sharing the longest prefix with prompt_tokens, if longer than the context's."""
-        from pyllama_so.cache import common_prefix
-
         try:
             state = self.cache[prompt_tokens]
         except KeyError:

@@ -50,6 +50,7 @@ import numpy as np
 
 from pyllama_so import _llama
 from pyllama_so.logprobs import LogprobRows, TokenLogprob
+from pyllama_so.prefix import common_prefix
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
 
@@ -343,13 +344,6 @@ class EngineSnapshot:
             "split_overlap": copy.deepcopy(self.split_overlap),
             "running": self.running, "accepting": self.accepting, "error": self.error,
         }
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many tokens a and b share from the start (numpy: prompts may have 100k tokens)."""
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(differ[0]) if differ.size else n
 
 
 # the share of a prompt a slot's cached prefix must hold to choose the slot over one next to the busy slots, by
