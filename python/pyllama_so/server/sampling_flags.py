@@ -1,7 +1,6 @@
 """llama-server's sampler flags (--top-k, --top-p, ..., --ignore-eos, -l/--logit-bias), with its names and
-LLAMA_ARG_* variables: the sampling a request that leaves a field out gets. Flags of llama-server's that name
-what this server does not do (a custom sampler order, dynamic temperature, adaptive-p) are an error that says
-so, rather than argparse's "unrecognized arguments"."""
+LLAMA_ARG_* variables: the sampling a request that leaves a field out gets. Its sampler flags for what this
+server's chain does not have (a custom order, dynamic temperature, adaptive-p) are in upstream_flags.py."""
 
 from __future__ import annotations
 
@@ -43,24 +42,6 @@ SAMPLER_FLAGS = (
     SamplerFlag(("--mirostat-ent",), "mirostat_tau", float),
 )
 
-# llama-server's sampler flags for what this server's chain does not have
-UNSUPPORTED = {
-    "--samplers": "a custom sampler order (the chain is llama.cpp's common order, docs/server.md)",
-    "--sampler-seq": "a custom sampler order (the chain is llama.cpp's common order, docs/server.md)",
-    "--sampling-seq": "a custom sampler order (the chain is llama.cpp's common order, docs/server.md)",
-    "--dynatemp-range": "dynamic temperature",
-    "--dynatemp-exp": "dynamic temperature",
-    "--adaptive-target": "adaptive-p sampling",
-    "--adaptive-decay": "adaptive-p sampling",
-}
-
-
-class _Unsupported(argparse.Action):
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
-                 option_string: str | None = None) -> None:
-        parser.error(f"argument {option_string}: not supported by this server ({UNSUPPORTED[option_string or '']})")
-
-
 class _Breaker(argparse.Action):
     """--dry-sequence-breaker STRING, repeated: the first one replaces the default breakers; "none" clears them."""
 
@@ -99,8 +80,6 @@ def add_sampler_flags(ap: argparse.ArgumentParser) -> None:
                        help="a token's logit bias, e.g. 15043+1 or 15043-inf (repeatable)")
     group.add_argument("--ignore-eos", action="store_true", default=False,
                        help="requests that leave ignore_eos out never sample an end-of-generation token")
-    for name in UNSUPPORTED:
-        group.add_argument(name, action=_Unsupported, help=argparse.SUPPRESS)
 
 
 def sampling_defaults(ap: argparse.ArgumentParser, ns: argparse.Namespace) -> dict[str, Any]:

@@ -53,6 +53,10 @@ UNSUPPORTED = {
     (("--ssl-key-file", "--ssl-cert-file"), True): "HTTPS (put a reverse proxy in front)",
     (("--api-key-file",), True): "API keys from a file (give --api-key)",
     (("--log-file",), True): "a log file (the log goes to stderr)",
+    (("--samplers", "--sampler-seq", "--sampling-seq"), True):
+        "a custom sampler order (the chain is llama.cpp's common order, docs/server.md)",
+    (("--dynatemp-range", "--dynatemp-exp"), True): "dynamic temperature",
+    (("--adaptive-target", "--adaptive-decay"), True): "adaptive-p sampling",
 }
 
 
