@@ -17,11 +17,7 @@ class LlamaRAMCache:
             raise ValueError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
         self.capacity_bytes = capacity_bytes
         self._states: OrderedDict[tuple[int, ...], LlamaState] = OrderedDict()
-
-    @property
-    def cache_size(self) -> int:
-        """Bytes of the cached states."""
-        return sum(int(s.llama_state_size) for s in self._states.values())
+        self.cache_size = 0  # bytes of the cached states
 
     def _longest(self, key: Sequence[int]) -> tuple[int, ...] | None:
         best, best_n = None, 0
@@ -44,10 +40,13 @@ class LlamaRAMCache:
 
     def __setitem__(self, key: Sequence[int], value: LlamaState) -> None:
         k = tuple(int(t) for t in key)
-        self._states.pop(k, None)
+        old = self._states.pop(k, None)
+        if old is not None:
+            self.cache_size -= int(old.llama_state_size)
         self._states[k] = value
+        self.cache_size += int(value.llama_state_size)
         while self._states and self.cache_size > self.capacity_bytes:
-            self._states.popitem(last=False)
+            self.cache_size -= int(self._states.popitem(last=False)[1].llama_state_size)
 
     def __len__(self) -> int:
         return len(self._states)

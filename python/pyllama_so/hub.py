@@ -64,9 +64,9 @@ def quant_file(files: Sequence[str], quant: str | None) -> str:
 def download_quant(repo_quant: str, filename: str | None = None) -> Path:
     """The local path of llama-server's -hf REPO[:QUANT] (-hff FILE names the file instead), downloaded."""
     repo_id, _, quant = repo_quant.partition(":")
-    if filename is None:
-        filename = quant_file(list(_hub().list_repo_files(repo_id)), quant or None)
-    return download(repo_id, filename)
+    hub = _hub()
+    files = list(hub.list_repo_files(repo_id))
+    return _fetch(hub, repo_id, files, filename or quant_file(files, quant or None))
 
 
 def download(repo_id: str, filename: str, *, additional_files: Sequence[str] | None = None,
@@ -77,6 +77,14 @@ def download(repo_id: str, filename: str, *, additional_files: Sequence[str] | N
     no file or several match."""
     hub = _hub()
     files = list(hub.list_repo_files(repo_id, revision=revision))
+    return _fetch(hub, repo_id, files, filename, additional_files=additional_files, local_dir=local_dir,
+                  cache_dir=cache_dir, revision=revision)
+
+
+def _fetch(hub, repo_id: str, files: Sequence[str], filename: str, *,  # type: ignore[no-untyped-def]
+           additional_files: Sequence[str] | None = None, local_dir: str | os.PathLike[str] | None = None,
+           cache_dir: str | os.PathLike[str] | None = None, revision: str | None = None) -> Path:
+    """Download the file of files matching filename, its other shards and additional_files; its local path."""
     main = _one(files, filename, repo_id)
     extra = [_one(files, pattern, repo_id) for pattern in additional_files or ()]
     path = None

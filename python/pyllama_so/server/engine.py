@@ -785,15 +785,16 @@ class Engine:
             return
         free = [s for s in self._slots if s.job is None and (job.id_slot is None or s.id == job.id_slot)]
         busy = [s.id for s in self._slots if s.job is not None]
+        prefixes = {s.id: common_prefix(s.tokens, job.prompt) for s in free}
 
         def choice(s: Slot) -> tuple[int, int, int, float]:
             # a prefix under prefix_share of the prompt saves less than a step of two ubatches costs
-            prefix = common_prefix(s.tokens, job.prompt)
+            prefix = prefixes[s.id]
             worth = prefix if self.prefix_share > 0 and prefix >= self.prefix_share * len(job.prompt) else 0
             return worth, -id_runs([*busy, s.id]), prefix, -s.last_used
 
         slot = max(free, key=choice)
-        prefix = choice(slot)[2]
+        prefix = prefixes[slot.id]
         keep = min(prefix, len(job.prompt) - 1) if job.cache_prompt else 0  # one token gives the logits
         if keep < len(slot.tokens):
             try:

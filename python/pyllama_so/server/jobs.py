@@ -33,6 +33,11 @@ def check_n(engine: Engine, n: int) -> None:
         raise ApiError(400, f"n must be in [1, {engine.n_slots}] (the server's slots), got {n}", param="n")
 
 
+def cancel_all(runs: Sequence[Run]) -> None:
+    for run in runs:
+        run.cancel()
+
+
 def start_runs(engine: Engine, makes: Sequence[Callable[[Callable[[Event], None]], Job]], prompt_param: str) -> list[Run]:
     """A request's choices, a Run of each make: all queued, or none (a failed submit cancels those before it)."""
     runs: list[Run] = []
@@ -40,15 +45,9 @@ def start_runs(engine: Engine, makes: Sequence[Callable[[Callable[[Event], None]
         for make in makes:
             runs.append(Run(engine, make, prompt_param))
     except BaseException:
-        for run in runs:
-            run.cancel()
+        cancel_all(runs)
         raise
     return runs
-
-
-def cancel_all(runs: Sequence[Run]) -> None:
-    for run in runs:
-        run.cancel()
 
 
 async def collect_all(runs: Sequence[Run], request: Request) -> list[tuple[str, Done]] | None:
