@@ -7,6 +7,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from cuda_devices import cuda_device_count
@@ -101,3 +102,19 @@ def test_backend_sampling_server_gives_the_same_greedy_text(tiny_model: Path, se
     want = ask(server, temperature=0)["choices"][0]["text"]
     with Server(["-m", str(tiny_model), *MAIN_ARGS, "--backend-sampling"]) as s:
         assert ask(s, temperature=0)["choices"][0]["text"] == want
+
+
+def test_backend_sampling_server_with_requests_that_end_while_others_decode(tiny_model: Path, server: Server) -> None:
+    # a slot whose chain is in the graph ends while a chained step of the others runs: its chain leaves the
+    # graph between two steps (this took the engine down at the first request that ended before the others)
+    if cuda_device_count():
+        pytest.skip("near-ties of the random tiny model flip with the sampler in the graph (see above)")
+    lengths = [3, 9, 17, 30, 5, 12, 24, 2]
+    body = lambda n: dict(temperature=0, max_tokens=n, ignore_eos=True)  # noqa: E731
+    want = [ask(server, **body(n))["choices"][0]["text"] for n in lengths]
+    with Server(["-m", str(tiny_model), *MAIN_ARGS, "--backend-sampling"]) as s:
+        for _ in range(2):  # the second wave takes slots whose chains were taken out of the graph
+            with ThreadPoolExecutor(4) as pool:
+                got = list(pool.map(lambda n: ask(s, **body(n))["choices"][0]["text"], lengths))
+            assert got == want
+        assert httpx.get(f"{s.url}/health").status_code == 200

@@ -404,7 +404,9 @@ class Engine:
         self._t_issued = 0.0  # when its llama_decode returned
         self._issue_seconds = 0.0  # its start to then
         self._t_step_end: float | None = None  # of the last step that ended
-        self._free_after_step: list[_llama.Sampler] = []  # of slots released while their step runs
+        # samplers of released slots that wait for no step to run: their step samples with them when it ends,
+        # and one in the graph (backend sampling) leaves it only while the context runs nothing
+        self._free_after_step: list[_llama.Sampler] = []
         self._split_overlap = ctx.split_overlap_stats()
         self._done = Counters()  # the fields counted as jobs end and steps run (the rest comes from the slots)
         # the job queue: these fields only under _lock
@@ -621,6 +623,8 @@ class Engine:
         nothing to do between them on the context (no admission, cancel, shutdown)."""
         if not self.chain_steps or self._running is None:
             return False
+        if any(smp.on_backend for smp in self._free_after_step):  # to be freed between two steps
+            return False
         if any(s.job is not None and s.job.cancelled for s in self._slots):
             return False
         with self._lock:
@@ -658,7 +662,7 @@ class Engine:
             self._fail_step(items, e)
             return [], None
         t_return = time.perf_counter()
-        self._step_ended(items)
+        self._step_ended(items, next_running=bool(started) and error is None)
         outs, ended = self._took(items, sampled, t_wait, t1)
         if error is not None:  # the next llama_decode failed (started is empty): its requests end, the engine goes on
             self._fail_step([item for item in plan if item[0].state is SlotState.PREFILL or item[0].continues], error)
@@ -826,14 +830,21 @@ class Engine:
                 self._fail(s, f"decode failed: {error}")
         self._publish()
 
-    def _step_ended(self, items: list[tuple[Slot, Job, list[int], bool]]) -> None:
+    def _step_ended(self, items: list[tuple[Slot, Job, list[int], bool]], next_running: bool = False) -> None:
         """The step of items is off the devices: its slots are free to change, the samplers of those released
-        while it ran are freed."""
+        while it ran are freed (next_running: a chained step runs already)."""
         for s, _, _, _ in items:
             s.in_step = False
+        self._free_released(next_running)
+
+    def _free_released(self, running: bool) -> None:
+        """Free the released slots' samplers that can go now: all while no step runs, else those outside the
+        graph (a chain in it waits: _chainable ends the running step apart for it)."""
+        keep = [smp for smp in self._free_after_step if running and smp.on_backend]
         for smp in self._free_after_step:
-            smp.free()
-        self._free_after_step.clear()
+            if not (running and smp.on_backend):
+                smp.free()
+        self._free_after_step = keep
 
     def _take(self, s: Slot, job: Job, tok: int, now: float) -> None:
         """A sampled token of the slot, before its text: whether the slot decodes it in the next step (the
@@ -940,8 +951,8 @@ class Engine:
 
     def _release(self, s: Slot) -> None:
         if s.sampler is not None:
-            if s.in_step:  # the running step samples with it when it ends
-                self._free_after_step.append(s.sampler)
+            if s.in_step or (s.sampler.on_backend and self._running is not None):
+                self._free_after_step.append(s.sampler)  # see _free_released
             else:
                 s.sampler.free()  # out of the graph too
         s.job, s.state, s.pending, s.sampler, s.last_used = None, SlotState.IDLE, [], None, time.perf_counter()
