@@ -602,21 +602,59 @@ class Engine:
         # llama.cpp cuts a batch of several sequences (each with its own KV stream) into ubatches of
         # consecutive seq_ids: in seq_id order the generated tokens share one ubatch
         items.sort(key=lambda item: item[0].id)
-        kinds = tuple((s.id, len(toks), s.state.value) for s, _, toks, _ in items)
         t0 = time.perf_counter()
-        try:
-            # every output row is sampled in C by its slot's chain when the step ends
-            self.ctx.decode_batch_sample_begin([(s.id, toks, s.sampler if want else None, job.logprobs)
-                                                for s, job, toks, want in items])
-        except (_llama.LlamaError, ValueError) as e:
-            self._fail_step(items, e)
-            return
+        while True:
+            try:
+                # every output row is sampled in C by its slot's chain when the step ends
+                self.ctx.decode_batch_sample_begin([(s.id, toks, s.sampler if want else None, job.logprobs)
+                                                    for s, job, toks, want in items])
+                break
+            except _llama.ContextFullError as e:  # no room in a cache the slots share (-kvu)
+                items = self._make_room(items, e)
+                if not items:
+                    return
+            except (_llama.LlamaError, ValueError) as e:
+                self._fail_step(items, e)
+                return
+        kinds = tuple((s.id, len(toks), s.state.value) for s, _, toks, _ in items)
         self._t_issued = time.perf_counter()
         self._issue_seconds = self._t_issued - t0
         for s, _, _, _ in items:
             s.in_step = True
         self._running, self._running_kinds, self._t_step_start = items, kinds, t0
         self._running_busy = len(busy)
+
+    def _make_room(self, items: list[tuple[Slot, Job, list[int], bool]],
+                   error: Exception) -> list[tuple[Slot, Job, list[int], bool]]:
+        """The step of items found no room in the KV cache (one cache for all slots: -kvu). Frees or defers one
+        thing and returns the items to try again (empty: none left), so that nothing is lost while something
+        else can go: first the idle slots' cached prompts; then prompt pieces wait while slots generate (or
+        all but the oldest prompt's); then a generating slot ends with "length" (its text is whole: one
+        without max_tokens, else the newest) and its cache goes at the next try; a prompt piece alone that does not
+        fit fails its request."""
+        idle = [s for s in self._slots if s.job is None and s.tokens]
+        if idle:
+            for s in idle:
+                self.ctx.truncate(0, s.id)
+                s.tokens.clear()
+            log.info("the KV cache is full: dropped the cached prompts of idle slots %s", [s.id for s in idle])
+            return items
+        pieces = [item for item in items if item[0].state is SlotState.PREFILL]
+        generating = [item for item in items if item[0].state is SlotState.GENERATE]
+        if pieces and generating:
+            return generating
+        if len(pieces) > 1:
+            newest = max(pieces, key=lambda item: item[0].t_admitted)
+            return [item for item in items if item is not newest]
+        if generating:  # a request without max_tokens asked for up to the context's end; else the newest goes
+            s = max((item[0] for item in generating), key=lambda s: (s.job.max_tokens is None, s.t_admitted))
+            log.info("%s slot %d: the KV cache is full: ends at %d tokens", s.job.id if s.job else "-", s.id,
+                     len(s.tokens))
+            self._finish(s, "length", time.perf_counter())
+            self._publish()
+            return [item for item in items if item[0] is not s]
+        self._fail_step(items, error)
+        return []
 
     def _chainable(self) -> bool:
         """Whether the running step can end and the next begin in one call (Context.decode_batch_sample_chain):
@@ -664,6 +702,8 @@ class Engine:
         t_return = time.perf_counter()
         self._step_ended(items, next_running=bool(started) and error is None)
         outs, ended = self._took(items, sampled, t_wait, t1)
+        if isinstance(error, _llama.ContextFullError):  # the next step starts apart, making room (_make_room)
+            return outs, ended
         if error is not None:  # the next llama_decode failed (started is empty): its requests end, the engine goes on
             self._fail_step([item for item in plan if item[0].state is SlotState.PREFILL or item[0].continues], error)
             return outs, ended
