@@ -231,6 +231,30 @@ def test_n_cmpl_gives_an_array_of_the_requests_with_the_next_seeds(server: Serve
     assert sorted(e["index"] for e in streamed if e["stop"]) == [0, 1]
 
 
+def test_several_prompts_give_an_array_in_order(server: Server) -> None:
+    """A list with no token id at its top level is several prompts (texts, id lists, mixed lists), as llama-server
+    reads it: an array of results, completion c of prompt p at index p * n_cmpl + c, each what the prompt alone
+    gets; streamed, each event names its index."""
+    ids = server.post("/tokenize", {"content": "Once upon"}).json()["tokens"]
+    prompts: list[Any] = [PROMPT, ids, [ids[0], " a time"]]
+    body = {"n_predict": 5, **SEEDED, "seed": 3, "ignore_eos": True}
+    alone = [server.post("/completion", {**body, "prompt": p}).json() for p in prompts]
+    out = server.post("/completion", {**body, "prompt": prompts}).json()
+    assert isinstance(out, list) and [x["index"] for x in out] == [0, 1, 2]
+    assert [x["content"] for x in out] == [a["content"] for a in alone]
+    assert [x["prompt"] for x in out] == [a["prompt"] for a in alone]
+    assert [x["tokens_evaluated"] for x in out] == [a["tokens_evaluated"] for a in alone]
+    two = server.post("/completion", {**body, "prompt": prompts[:2], "n_cmpl": 2}).json()
+    assert [x["index"] for x in two] == [0, 1, 2, 3]
+    assert [two[0]["content"], two[2]["content"]] == [alone[0]["content"], alone[1]["content"]]
+    streamed = events(server.post("/completion", {**body, "prompt": prompts[:2], "stream": True}))
+    texts = {0: "", 1: ""}
+    for e in streamed:
+        texts[e["index"]] += e["content"]
+    assert [texts[0], texts[1]] == [alone[0]["content"], alone[1]["content"]]
+    assert isinstance(server.post("/completion", {**body, "prompt": [PROMPT]}).json(), dict)
+
+
 def test_response_fields(server: Server) -> None:
     out = server.post("/completion", {"prompt": PROMPT, "n_predict": 2, "response_fields": [
         "content", "generation_settings/n_predict", "missing"]}).json()
@@ -330,7 +354,10 @@ def test_a_body_is_json_whatever_its_content_type(server: Server) -> None:
 @pytest.mark.parametrize("path, body", [
     ("/completion", {"prompt": 5}),
     ("/completion", {"prompt": []}),
-    ("/completion", {"prompt": ["one", "two"]}),
+    ("/completion", {"prompt": ["one", []]}),  # one of several prompts empty
+    ("/completion", {"prompt": [[1, 2], [3, 99999]]}),
+    ("/completion", {"prompt": [1, [2, 3]]}),  # a list inside a prompt of token ids
+    ("/completion", {"prompt": ["one", "two"], "id_slot": 0}),
     ("/completion", {}),
     ("/completion", {"prompt": "Hi", "n_predict": "ten"}),
     ("/completion", {"prompt": "Hi", "n_predict": -2}),

@@ -101,7 +101,7 @@ def install(app: FastAPI, engine: Engine, *, model_id: str, defaults: ServerDefa
     outlives a shutdown's start."""
     model = engine.model
 
-    async def complete(body: NativeCompletionRequest, request: Request, prompt: list[int]) -> Any:
+    async def complete(body: NativeCompletionRequest, request: Request, prompts: list[list[int]]) -> Any:
         grammar = await run_in_threadpool(request_grammar, model, body)
         logit_bias = await run_in_threadpool(resolve_logit_bias, model, body.logit_bias)
         if body.id_slot < -1 or body.id_slot >= engine.n_slots:
@@ -114,10 +114,10 @@ def install(app: FastAPI, engine: Engine, *, model_id: str, defaults: ServerDefa
 
         n_choices = body.n_choices
         check_n(engine, n_choices)
-        if n_choices > 1 and body.id_slot != -1:
-            raise ApiError(400, "n_cmpl > 1 needs a slot per completion: leave id_slot out", param="id_slot")
+        if n_choices * len(prompts) > 1 and body.id_slot != -1:
+            raise ApiError(400, "several completions need a slot each: leave id_slot out", param="id_slot")
 
-        def make(choice: int) -> Any:
+        def make(prompt: list[int], choice: int) -> Any:
             def job_of(emit: Any) -> Any:
                 job = make_job(engine, body, prompt, emit, None if n_predict == -1 else n_predict, cid, grammar,
                                defaults=defaults, logit_bias=logit_bias, choice=choice,
@@ -129,8 +129,8 @@ def install(app: FastAPI, engine: Engine, *, model_id: str, defaults: ServerDefa
                 return job
             return job_of
 
-        runs = start_runs(engine, [make(c) for c in range(n_choices)], "prompt")
-        prompt_text = model.detokenize_bytes(prompt, unparse_special=True).decode("utf-8", "replace")
+        runs = start_runs(engine, [make(p, c) for p in prompts for c in range(n_choices)], "prompt")
+        prompt_texts = [model.detokenize_bytes(p, unparse_special=True).decode("utf-8", "replace") for p in prompts]
         want_probs = runs[0].job.logprobs is not None
 
         def final(i: int, text: str, done: Done, tokens: list[int], rows: Sequence[TokenLogprob]) -> dict[str, Any]:
@@ -139,7 +139,8 @@ def install(app: FastAPI, engine: Engine, *, model_id: str, defaults: ServerDefa
             out: dict[str, Any] = {
                 "index": i, "content": text, "tokens": tokens, "id_slot": done.slot, "stop": True, "model": model_id,
                 "tokens_predicted": u.completion_tokens, "tokens_evaluated": u.prompt_tokens,
-                "generation_settings": runs[i].job.settings, "prompt": prompt_text, "has_new_line": "\n" in text,
+                "generation_settings": runs[i].job.settings, "prompt": prompt_texts[i // n_choices],
+                "has_new_line": "\n" in text,
                 # the slot's context ended the generation (not n_predict)
                 "truncated": limited and (n_predict == -1 or u.completion_tokens < n_predict),
                 "stop_type": "limit" if limited else "word" if done.stopping_word else "eos",
@@ -164,7 +165,7 @@ def install(app: FastAPI, engine: Engine, *, model_id: str, defaults: ServerDefa
                 predicted[i] += len(event.tokens)
                 chunk: dict[str, Any] = {"index": i, "content": event.text, "tokens": list(event.tokens),
                                          "stop": False, "id_slot": event.slot, "tokens_predicted": predicted[i],
-                                         "tokens_evaluated": len(prompt)}
+                                         "tokens_evaluated": len(prompts[i // n_choices])}
                 if want_probs and event.logprobs:
                     chunk["completion_probabilities"] = probabilities(model, event.logprobs)
                 return chunk
@@ -187,9 +188,9 @@ def install(app: FastAPI, engine: Engine, *, model_id: str, defaults: ServerDefa
                                    shutdown_grace_period=stream_grace)
 
     async def completion(body: NativeCompletionRequest, request: Request) -> Any:
-        prompt = await run_in_threadpool(mixed_tokens, model, body.prompt, add_special=True, parse_special=True,
-                                         param="prompt")
-        return await complete(body, request, nonempty(prompt, "prompt"))
+        prompts = [nonempty(await run_in_threadpool(mixed_tokens, model, one, add_special=True, parse_special=True,
+                                                    param="prompt"), "prompt") for one in body.prompts]
+        return await complete(body, request, prompts)
 
     app.post("/completion", response_model=None)(completion)
     app.post("/completions", response_model=None)(completion)
@@ -209,7 +210,7 @@ def install(app: FastAPI, engine: Engine, *, model_id: str, defaults: ServerDefa
                                  [Chunk(c.text, c.filename) for c in body.input_extra], n_batch=engine.n_batch,
                                  n_ctx=engine.n_ctx_slot, n_predict=n_predict)
 
-        return await complete(body, request, await run_in_threadpool(tokens))
+        return await complete(body, request, [await run_in_threadpool(tokens)])
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from pyllama_so.server.schemas import GenerationRequest, Text
 
 # a prompt: a text, token ids, or both mixed ([12, 34, "text", 56])
 MixedPrompt = Text | list[StrictInt | Text]
+# /completion's: one, or several in a list (see NativeCompletionRequest.prompts)
+MixedPrompts = Text | list[StrictInt | Text | list[StrictInt | Text]]
 
 # llama-server fields this server does not implement, and the value that leaves them off
 UNSUPPORTED = {"dynatemp_range": 0.0, "samplers": None, "post_sampling_probs": False, "n_indent": 0,
@@ -21,14 +23,15 @@ UNSUPPORTED = {"dynatemp_range": 0.0, "samplers": None, "post_sampling_probs": F
 
 
 class NativeCompletionRequest(GenerationRequest):
-    """POST /completion. n_cmpl (or n): that many completions of the prompt, an array of results when more than
-    one (at most the server's slots). n_predict (also max_tokens / max_completion_tokens): -1 (default, or the server's
+    """POST /completion. prompt: one, or several in a list (see prompts). n_cmpl (or n): that many completions
+    of each prompt; an array of results when more than one in all, completion c of prompt p at index
+    p * n_cmpl + c (at most the server's slots in all). n_predict (also max_tokens / max_completion_tokens): -1 (default, or the server's
     -n) until the end of the slot's context, 0 the prompt is evaluated into the cache and nothing is
     generated. n_probs (also logprobs): the top-N log-probabilities of each generated token. logit_bias:
     [[token, bias], ...] or {token: bias}, a token an id or a text (each of its tokens), a bias a number or
     false (never sampled)."""
 
-    prompt: MixedPrompt
+    prompt: MixedPrompts
     n_predict: int | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -66,11 +69,20 @@ class NativeCompletionRequest(GenerationRequest):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v: str | list[int | str]) -> str | list[int | str]:
-        if isinstance(v, list) and len(v) > 1 and all(isinstance(p, str) for p in v):
-            raise ValueError(f"one prompt per request, got {len(v)} (a list of texts is several prompts; "
-                             "a prompt mixing texts and token ids has at least one id)")
+    def _prompt_lists(cls, v: Any) -> Any:
+        if isinstance(v, list) and any(isinstance(p, int) for p in v) and any(isinstance(p, list) for p in v):
+            raise ValueError("a prompt holds token ids and texts; several prompts are a list of prompts with no "
+                             "token id beside them")
         return v
+
+    @property
+    def prompts(self) -> list[str | list[int | str]]:
+        """The prompts, as llama-server reads the field: a list holding no token id at its top level is
+        several prompts (texts, token id lists or mixed lists), anything else one."""
+        v = self.prompt
+        if isinstance(v, list) and v and not any(isinstance(p, int) for p in v):
+            return list(v)
+        return [v]
 
     @field_validator("n_predict", "max_tokens", "max_completion_tokens")
     @classmethod
