@@ -152,8 +152,10 @@ def test_tools_and_functions_reach_the_template(llm: Llama) -> None:
     with_tools = llm.create_chat_completion(MESSAGES, tools=[tool], max_tokens=1, temperature=0)
     legacy = llm.create_chat_completion(MESSAGES, functions=[tool["function"]], max_tokens=1, temperature=0)
     plain = llm.create_chat_completion(MESSAGES, max_tokens=1, temperature=0)
-    added = len(llm.tokenize('<|tools|>[{"type": "function", "function": {"name": "lookup", "parameters": {}}}]\n',
-                             add_bos=False))
+    # with tools llama.cpp's chat layer renders the template (as llama-server's --jinja), the tool normalized
+    # with an empty description
+    added = len(llm.tokenize('<|tools|>[{"type": "function", "function": {"name": "lookup", "description": "", '
+                             '"parameters": {}}}]\n', add_bos=False))
     assert with_tools["usage"]["prompt_tokens"] == legacy["usage"]["prompt_tokens"] == \
         plain["usage"]["prompt_tokens"] + added
 

@@ -1,8 +1,9 @@
-// The three string helpers declared in upstream's common/common.h that the JSON-schema converter calls.
+// The helpers declared in upstream's common/common.h that the JSON-schema converter and the chat layer call.
 // Upstream defines them in common/common.cpp, which also holds the rest of llama-common (logging, sampling,
 // downloads, fitting) and cannot be linked without it; they are defined here, by their declarations.
 
 #include "common.h"
+#include "llama.h"
 
 #include <string>
 #include <vector>
@@ -41,4 +42,49 @@ std::string string_repeat(const std::string & str, size_t n) {
         out += str;
     }
     return out;
+}
+
+void string_replace_all(std::string & s, const std::string & search, const std::string & replace) {
+    if (search.empty()) {
+        return;
+    }
+    std::string out;
+    size_t start = 0;
+    for (size_t pos = s.find(search); pos != std::string::npos; pos = s.find(search, start)) {
+        out.append(s, start, pos - start);
+        out += replace;
+        start = pos + search.size();
+    }
+    out.append(s, start, std::string::npos);
+    s = std::move(out);
+}
+
+// the chat layer's log lines go to stderr without colours
+bool tty_can_use_colors() {
+    return false;
+}
+
+std::vector<llama_token> common_tokenize(const struct llama_vocab * vocab, const std::string & text, bool add_special,
+                                         bool parse_special) {
+    std::vector<llama_token> out(text.size() + 2 * add_special);
+    int32_t n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special,
+                               parse_special);
+    if (n < 0) {  // -n: the count it needs
+        out.resize(-n);
+        n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special,
+                           parse_special);
+    }
+    out.resize(n < 0 ? 0 : n);
+    return out;
+}
+
+std::string common_token_to_piece(const struct llama_vocab * vocab, llama_token token, bool special) {
+    std::string piece(16, '\0');
+    int32_t n = llama_token_to_piece(vocab, token, &piece[0], (int32_t) piece.size(), 0, special);
+    if (n < 0) {  // -n: the size it needs
+        piece.resize(-n);
+        n = llama_token_to_piece(vocab, token, &piece[0], (int32_t) piece.size(), 0, special);
+    }
+    piece.resize(n < 0 ? 0 : n);
+    return piece;
 }

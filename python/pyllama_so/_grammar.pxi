@@ -7,24 +7,54 @@ import json as _json
 
 
 cdef llama_sampler * _grammar_sampler(Model model, grammar, str root) except NULL:
-    """llama.cpp's grammar sampler for GBNF text; a ValueError with the parser's message if it does not parse."""
-    if not isinstance(grammar, str):
-        raise ValueError(f"grammar must be GBNF text, not {type(grammar).__name__}")
+    """llama.cpp's grammar sampler for GBNF text; a ValueError with the parser's message if it does not parse.
+    grammar may also be a dict, a tool call's grammar (chat_tools_apply): {"grammar": GBNF text, "lazy": whether
+    it waits for a trigger, "trigger_patterns": regular expressions, "trigger_tokens": token ids, "prefill":
+    token ids it accepts first}, as llama-server's common sampler builds it."""
+    spec = grammar if isinstance(grammar, dict) else {"grammar": grammar}
+    text = spec.get("grammar")
+    if not isinstance(text, str):
+        raise ValueError(f"grammar must be GBNF text, not {type(text).__name__}")
     try:
-        btext, broot = grammar.encode(), root.encode()
+        btext, broot = text.encode(), root.encode()
+        bpatterns = [str(p).encode() for p in spec.get("trigger_patterns") or ()]
     except UnicodeEncodeError as e:
         raise ValueError(f"grammar is not valid Unicode text: {e}") from None
     if b"\0" in btext:
         raise ValueError("grammar contains a NUL character")
+    tokens = [int(t) for t in spec.get("trigger_tokens") or ()]
+    cdef bint lazy = bool(spec.get("lazy"))
     cdef const char * ctext = btext
     cdef const char * croot = broot
+    cdef size_t i, n_pat = len(bpatterns), n_tok = len(tokens)
+    cdef const char ** cpat = <const char **> malloc(max(n_pat, 1) * sizeof(char *))
+    cdef llama_token * ctok = <llama_token *> malloc(max(n_tok, 1) * sizeof(llama_token))
     cdef llama_sampler * smpl
-    _take_errors()
-    with nogil:
-        smpl = llama_sampler_init_grammar(model.vocab, ctext, croot)
+    try:
+        if cpat == NULL or ctok == NULL:
+            raise MemoryError()
+        for i in range(n_pat):
+            cpat[i] = <const char *> (<bytes> bpatterns[i])
+        for i in range(n_tok):
+            ctok[i] = tokens[i]
+        _take_errors()
+        with nogil:
+            if lazy:
+                smpl = llama_sampler_init_grammar_lazy_patterns(model.vocab, ctext, croot, cpat, n_pat, ctok, n_tok)
+            else:
+                smpl = llama_sampler_init_grammar(model.vocab, ctext, croot)
+    finally:
+        free(cpat)
+        free(ctok)
     if smpl == NULL:
         lines = _take_errors()  # the parser's reason, then "failed to parse grammar" (patches/0009-*)
         raise ValueError("invalid grammar" + (": " + "; ".join(lines) if lines else ""))
+    try:
+        for tok in spec.get("prefill") or ():
+            llama_sampler_accept_checked(smpl, <llama_token> int(tok))
+    except Exception as e:
+        llama_sampler_free(smpl)
+        raise ValueError(f"the grammar does not accept the generation prompt: {e}") from None
     return smpl
 
 

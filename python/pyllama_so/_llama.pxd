@@ -368,6 +368,8 @@ cdef extern from "llama.h" nogil:
     llama_sampler * llama_sampler_chain_get(llama_sampler * chain, int32_t i)
     const char * llama_sampler_name(const llama_sampler * smpl)
     void llama_sampler_accept(llama_sampler * smpl, llama_token token)
+    # the same, where a grammar may reject the token (llama-grammar throws)
+    void llama_sampler_accept_checked "llama_sampler_accept"(llama_sampler * smpl, llama_token token) except +
     void llama_sampler_apply(llama_sampler * smpl, llama_token_data_array * cur_p)
     void llama_sampler_reset(llama_sampler * smpl)
     void llama_sampler_free(llama_sampler * smpl)
@@ -389,6 +391,11 @@ cdef extern from "llama.h" nogil:
     llama_sampler * llama_sampler_init_mirostat_v2(uint32_t seed, float tau, float eta)
     llama_sampler * llama_sampler_init_grammar(const llama_vocab * vocab, const char * grammar_str,
                                                const char * grammar_root)
+    llama_sampler * llama_sampler_init_grammar_lazy_patterns(const llama_vocab * vocab, const char * grammar_str,
+                                                             const char * grammar_root, const char ** trigger_patterns,
+                                                             size_t num_trigger_patterns,
+                                                             const llama_token * trigger_tokens,
+                                                             size_t num_trigger_tokens)
     llama_sampler * llama_sampler_init_penalties(int32_t n_vocab, int32_t penalty_last_n, float penalty_repeat,
                                                  float penalty_freq, float penalty_present)
     llama_sampler * llama_sampler_init_dry(const llama_vocab * vocab, float dry_multiplier, float dry_base,
@@ -420,6 +427,13 @@ cdef extern from "pyllama-so-split-overlap.h" nogil:
 
 cdef extern from "pyllama-so-json-schema.h" nogil:
     cbool pyllama_so_json_schema_to_grammar(const string & schema_json, string & out) noexcept
+
+
+cdef extern from "pyllama-so-chat-tools.h" nogil:
+    cbool pyllama_so_chat_tools_apply(const llama_model * model, const string & template_src,
+                                      const string & request_json, string & out) noexcept
+    cbool pyllama_so_chat_tools_parse(const string & parser_json, const string & text, cbool is_partial,
+                                      string & out) noexcept
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,6 +62,26 @@ def chat_chunks(chunks: Iterator[Mapping[str, Any]], model: str) -> Iterator[dic
         yield _chunk(chunk, model, {}, choice["finish_reason"], logprobs)
 
 
+def tool_call_chunks(chunks: Iterator[dict[str, Any]], parse: Any) -> Iterator[dict[str, Any]]:
+    """chat_chunks of a chat with tools, their content deltas parsed as they come (parse: a
+    pyllama_so.tool_calls.ToolCallStream): content and tool_calls deltas of what became certain, the finish
+    reason "tool_calls" when the message called a tool."""
+    for chunk in chunks:
+        choice = chunk["choices"][0]
+        if "content" in choice["delta"]:
+            delta = parse.feed(choice["delta"]["content"])
+            if delta is not None:
+                yield {**chunk, "choices": [{**choice, "delta": delta}]}
+        elif choice["finish_reason"] is not None:
+            rest = parse.finish("")
+            if rest is not None:
+                yield {**chunk, "choices": [{**choice, "delta": rest, "finish_reason": None}]}
+            finish = "tool_calls" if parse.called else choice["finish_reason"]
+            yield {**chunk, "choices": [{**choice, "finish_reason": finish}]}
+        else:
+            yield chunk
+
+
 def tools_from_functions(functions: Sequence[Mapping[str, Any]] | None,
                          function_call: str | Mapping[str, Any] | None) -> tuple[list[dict[str, Any]] | None, Any]:
     """OpenAI's legacy functions / function_call as tools / tool_choice (as llama-cpp-python converts them)."""

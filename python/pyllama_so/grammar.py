@@ -60,10 +60,22 @@ class LlamaGrammar:
         return f"LlamaGrammar({self.grammar[:40]!r}{'...' if len(self.grammar) > 40 else ''})"
 
 
-def grammar_text(grammar: str | LlamaGrammar | None) -> tuple[str | None, str]:
-    """(GBNF text or None, root rule) of what a caller passed as grammar."""
+class ToolCallGrammar(LlamaGrammar):
+    """A tool call's grammar (pyllama_so.tool_calls, from llama.cpp's chat layer): GBNF text that waits for one
+    of its triggers (lazy) or applies from the first token after accepting its prefill tokens."""
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        super().__init__(spec["grammar"])
+        self.spec = dict(spec)
+
+
+def grammar_text(grammar: str | LlamaGrammar | None) -> tuple[str | dict[str, Any] | None, str]:
+    """(GBNF text or None, root rule) of what a caller passed as grammar; a ToolCallGrammar's whole spec for
+    the Sampler instead of its text."""
     if grammar is None:
         return None, "root"
+    if isinstance(grammar, ToolCallGrammar):
+        return grammar.spec, grammar.root
     if isinstance(grammar, LlamaGrammar):
         return grammar.grammar, grammar.root
     if isinstance(grammar, str):

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -25,11 +26,12 @@ from pyllama_so._llama import ContextFullError, ModelLoadError
 from pyllama_so.chat_template import ChatTemplate
 from pyllama_so.config import ContextParams, ModelParams, check_combination, create_context, load_model
 from pyllama_so.embeddings import embed_tokens, embedding_sequences, normalize as normalize_embedding
-from pyllama_so.grammar import LlamaGrammar, grammar_text, resolve_grammar
+from pyllama_so.grammar import LlamaGrammar, ToolCallGrammar, grammar_text, resolve_grammar
 from pyllama_so.logprobs import LogitsProcessor, LogprobRows, StoppingCriteria, completion_logprobs
 from pyllama_so.prefix import common_prefix
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
+from pyllama_so.tool_calls import ToolCallStream, parse_message, tool_chat, uses_tools
 
 if TYPE_CHECKING:
     from pyllama_so.tokenizer import LlamaTokenizer
@@ -452,9 +454,9 @@ class Llama:
             return text[1:]
         return text
 
-    def _text(self, tokens: Sequence[int]) -> bytes:
+    def _text(self, tokens: Sequence[int], special: bool = False) -> bytes:
         """Completion text of tokens: llama_detokenize, as the server's (the same text for the same tokens)."""
-        return self._model_part().detokenize_bytes(list(tokens))
+        return self._model_part().detokenize_bytes(list(tokens), unparse_special=special)
 
     # -- seeds and state --
 
@@ -740,8 +742,12 @@ class Llama:
         # max_tokens checked now, not at the stream's first chunk
         chunks = self._completion(prompt, suffix, max_tokens_limit(max_tokens), logprobs, echo, stop, seed, model,
                                   stopping_criteria, logits_processor, constraint, sampling)
-        if stream:
-            return chunks
+        return chunks if stream else self._collect(chunks, logprobs, model)
+
+    __call__ = create_completion
+
+    def _collect(self, chunks: Iterator[dict[str, Any]], logprobs: int | None, model: str | None) -> dict[str, Any]:
+        """A completion's stream as one text_completion."""
         text, finish, usage, cid, created, lps = "", None, {}, "", 0, None
         for chunk in chunks:
             cid, created = chunk["id"], chunk["created"]
@@ -756,13 +762,13 @@ class Llama:
         return {"id": cid, "object": "text_completion", "created": created, "model": model or self.model_path,
                 "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": finish}], "usage": usage}
 
-    __call__ = create_completion
-
     def _completion(self, prompt: str | Sequence[int], suffix: str | None, max_tokens: int | None,
                     n_logprobs: int | None, echo: bool, stop: str | Sequence[str] | None, seed: int | None,
                     model_name: str | None, stopping_criteria: StoppingCriteria | None,
                     logits_processor: LogitsProcessor | None, grammar: str | LlamaGrammar | None,
-                    sampling: dict[str, Any]) -> Iterator[dict[str, Any]]:
+                    sampling: dict[str, Any], special_text: bool = False) -> Iterator[dict[str, Any]]:
+        """create_completion's chunks; special_text: special tokens' text in the output (a tool-call format's
+        markers may be such)."""
         # special-token text (e.g. "<|im_start|>") is parsed, as llama-cpp-python and llama-server do
         prompt_tokens = (self.tokenize(prompt, special=True) if isinstance(prompt, (str, bytes))
                          else [int(t) for t in prompt])
@@ -778,7 +784,7 @@ class Llama:
             yield chunk(self._text(prompt_tokens).decode("utf-8", "replace"), None)
         if self.cache is not None:
             self._from_cache(prompt_tokens)
-        text = TextStream(self._text, stops)
+        text = TextStream(functools.partial(self._text, special=special_text), stops)
         pending = LogprobRows(lambda tok: self._text([tok]).decode("utf-8", "ignore"), prompt_len) \
             if n_logprobs is not None else None
         sent = 0
@@ -892,6 +898,13 @@ class Llama:
                      grammar=grammar, logit_bias=logit_bias, response_format=response_format,
                      logprobs=(top_logprobs or 0) if logprobs else None)
         template = self.chat_template
+        name = self.model_path if model is None else model
+        if uses_tools(tools, tool_choice):
+            if grammar is not None or response_format is not None:
+                raise ValueError("grammar or response_format cannot go with tools")
+            return self._chat_with_tools(template, messages, tools or [], tool_choice, chat_template_kwargs, name,
+                                         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                         min_p=min_p, stop=stop, seed=seed, stream=stream, extra=extra)
         prompt = template.render(messages, add_generation_prompt=True, tools=tools, tool_choice=tool_choice,
                                  **dict(chat_template_kwargs or {}))
         tokens = self.tokenize(prompt, add_bos=template.add_bos, special=True)
@@ -899,7 +912,42 @@ class Llama:
         out = self.create_completion(tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                      min_p=min_p, stop=stops + [s for s in template.stops if s not in stops],
                                      seed=seed, stream=stream, **extra)
-        name = self.model_path if model is None else model
         if stream:
             return chat_completion.chat_chunks(out, name)  # type: ignore[arg-type]
         return chat_completion.chat_response(out, name)  # type: ignore[arg-type]
+
+    def _chat_with_tools(self, template: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
+                         tool_choice: Any, template_kwargs: Mapping[str, Any] | None, name: str, *,
+                         max_tokens: int | None, temperature: float, top_p: float, top_k: int, min_p: float,
+                         stop: str | Sequence[str] | None, seed: int | None, stream: bool,
+                         extra: dict[str, Any]) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """create_chat_completion with tools, as llama-server's --jinja: llama.cpp's chat layer renders the
+        messages and tools in the model's format, its grammar keeps a call well formed, and the text is parsed
+        into the message's content and tool_calls (finish_reason "tool_calls")."""
+        text = getattr(template, "text", None)
+        if text is None:
+            raise ValueError(f"tools need a Jinja chat template; {template.name} (a llama.cpp built-in) cannot "
+                             "render them (give chat_template= a Jinja text)")
+        tc = tool_chat(self._parts()[0], text, [dict(m) for m in messages], tools, tool_choice,
+                       template_kwargs=template_kwargs)
+        # the chat layer takes the template's BOS off where the vocabulary adds one: the tokenizer adds it
+        tokens = self.tokenize(tc.prompt, add_bos=True, special=True)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stops += [s for s in (*template.stops, *tc.stops) if s not in stops]
+        sampling = dict(temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k, **extra)
+        n_logprobs = sampling.pop("logprobs")
+        for key in ("logits_processor", "grammar", "response_format", "tfs_z"):  # tfs_z: accepted, ignored
+            sampling.pop(key)
+        SamplingParams.from_kwargs(**sampling)
+        _llama.check_logprobs(n_logprobs)
+        chunks = self._completion(tokens, None, max_tokens_limit(max_tokens), n_logprobs, False, stops, seed, name,
+                                  None, extra["logits_processor"], ToolCallGrammar(tc.grammar) if tc.grammar else None,
+                                  sampling, special_text=True)
+        if stream:
+            return chat_completion.tool_call_chunks(chat_completion.chat_chunks(chunks, name), ToolCallStream(tc.parser))
+        out = chat_completion.chat_response(self._collect(chunks, n_logprobs, name), name)
+        choice = out["choices"][0]
+        choice["message"] = parse_message(tc.parser, choice["message"]["content"])
+        if "tool_calls" in choice["message"]:
+            choice["finish_reason"] = "tool_calls"
+        return out

@@ -39,6 +39,7 @@ from pyllama_so.server.jobs import (Run, cancel_all, check_n, collect_all, failu
 from pyllama_so.server.prompts import checked_ids
 from pyllama_so.server.schemas import ChatRequest, ChatTemplateRequest, CompletionRequest, GenerationRequest
 from pyllama_so.server.settings import ServerDefaults
+from pyllama_so.tool_calls import ToolCallStream, ToolChat, parse_message, tool_chat, uses_tools
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # answered without the API key
 # llama-server's own routes: their errors have its shape
@@ -135,21 +136,25 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         return body.token_limit
 
     def runs(body: GenerationRequest, prompts: Sequence[list[int]], max_tokens: int | None, cid: str,
-             grammar: str | None, prompt_param: str, extra_stops: Sequence[str] = ()) -> list[Run]:
+             grammar: str | dict[str, Any] | None, prompt_param: str, extra_stops: Sequence[str] = (),
+             **job: Any) -> list[Run]:
         """The request's n choices of each prompt, queued: choice c of prompt p at index p * n + c."""
         check_n(engine, body.n)
 
         def make(prompt: list[int], choice: int) -> Callable[[Callable[[Event], None]], Any]:
             return lambda emit: make_job(engine, body, prompt, emit, max_tokens, cid, grammar, defaults=defaults,
-                                         extra_stops=extra_stops, choice=choice)
+                                         extra_stops=extra_stops, choice=choice, **job)
         return start_runs(engine, [make(p, c) for p in prompts for c in range(body.n)], prompt_param)
 
     def stream(runs: Sequence[Run], body: GenerationRequest, chunk: Callable[..., dict[str, Any]],
                first: Callable[[int], list[dict[str, Any]]], delta: Callable[[str], Any], last: Callable[[str], Any],
-               logprobs: Callable[[Sequence[TokenLogprob]], Any]) -> EventSourceResponse:
+               logprobs: Callable[[Sequence[TokenLogprob]], Any],
+               tools: Sequence[ToolCallStream] | None = None) -> EventSourceResponse:
         """SSE: each choice's first chunks, a chunk per Delta, its last chunk with the finish reason and timings
         (choices interleaved as their tokens come, each chunk naming its index), then the usage chunk when
-        asked (stream_options.include_usage), [DONE]. A client that leaves cancels the jobs."""
+        asked (stream_options.include_usage), [DONE]. A client that leaves cancels the jobs. tools: each
+        choice's parse into content and tool calls, which gives its deltas instead of delta and last (a piece
+        that makes nothing certain yet gives no chunk; a choice that called a tool ends with "tool_calls")."""
 
         want = runs[0].job.logprobs is not None
 
@@ -161,11 +166,19 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                         yield _sse(c)
                 async for i, event in merged(runs):
                     if isinstance(event, Delta):
-                        yield _sse(chunk(delta(event.text), None, lps=want and logprobs(event.logprobs), index=i))
+                        d = delta(event.text) if tools is None else tools[i].feed(event.text)
+                        if d is not None:
+                            yield _sse(chunk(d, None, lps=want and logprobs(event.logprobs), index=i))
                     elif isinstance(event, Done):
                         dones[i] = event
-                        yield _sse(chunk(last(event.text), event.finish_reason, lps=want and logprobs(event.logprobs),
-                                         index=i, timings=event.timings.as_dict()))
+                        finish = event.finish_reason
+                        if tools is None:
+                            d = last(event.text)
+                        else:
+                            d = tools[i].finish(event.text) or {}
+                            finish = "tool_calls" if tools[i].called else finish
+                        yield _sse(chunk(d, finish, lps=want and logprobs(event.logprobs), index=i,
+                                         timings=event.timings.as_dict()))
                     else:
                         e = failure(event)
                         yield _sse(errors.error_body(e.status, e.message, code=e.code))
@@ -247,6 +260,24 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         except ValueError as e:
             raise ApiError(400, str(e), param="messages") from None
 
+    async def with_tools(body: ChatRequest) -> ToolChat:
+        """The prompt, grammar and parser of a chat with tools (llama.cpp's chat layer, as llama-server's
+        --jinja): a 400 for a template that is not Jinja, a grammar of the request's own beside them, or
+        messages and tools the chat layer refuses."""
+        template = getattr(chat, "text", None)
+        if template is None:
+            raise ApiError(400, f"tools need a Jinja chat template; the server's is {chat.name}", param="tools")
+        if body.grammar_text() is not None:
+            raise ApiError(400, "a grammar, json_schema or response_format cannot go with tools", param="tools")
+        try:
+            return await run_in_threadpool(tool_chat, model, template, [m.variables() for m in body.messages],
+                                           body.tools or [], body.tool_choice,
+                                           parallel_tool_calls=body.parallel_tool_calls,
+                                           add_generation_prompt=body.add_generation_prompt,
+                                           template_kwargs=body.chat_template_kwargs)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="tools") from None
+
     @app.post("/apply-template")
     async def apply_template(body: ChatTemplateRequest) -> dict[str, Any]:
         """llama-server's: the prompt the chat template makes of the messages, without generating."""
@@ -255,13 +286,16 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
     @app.post("/v1/chat/completions", response_model=None)
     @app.post("/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> dict[str, Any] | EventSourceResponse:
-        text = await render(body)
-        # a Jinja template writes the BOS itself where it wants one; llama.cpp's built-ins leave it to the tokenizer
-        prompt = await run_in_threadpool(
-            lambda: model.tokenize(text, add_special=chat.add_bos, parse_special=True).tolist())
-        grammar = await run_in_threadpool(request_grammar, model, body)
+        tc = await with_tools(body) if uses_tools(body.tools, body.tool_choice) else None
+        text = await render(body) if tc is None else tc.prompt
+        # a Jinja template writes the BOS itself where it wants one; llama.cpp's built-ins leave it to the tokenizer,
+        # and so does the chat layer (it takes the template's BOS off where the vocabulary adds one)
+        bos = chat.add_bos if tc is None else True
+        prompt = await run_in_threadpool(lambda: model.tokenize(text, add_special=bos, parse_special=True).tolist())
+        grammar = await run_in_threadpool(request_grammar, model, body) if tc is None else tc.grammar
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        started = runs(body, [prompt], token_limit(body), cid, grammar, "messages", chat.stops)
+        stops = list(chat.stops) if tc is None else [*chat.stops, *tc.stops]
+        started = runs(body, [prompt], token_limit(body), cid, grammar, "messages", stops, special_text=tc is not None)
 
         def chunk(delta: dict[str, Any], finish: str | None, lps: Any = None, index: int = 0,
                   **extra: Any) -> dict[str, Any]:
@@ -272,14 +306,16 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         if body.stream:
             return stream(started, body, chunk, lambda i: [chunk({"role": "assistant", "content": ""}, None, index=i)],
                           delta=lambda t: {"content": t}, last=lambda t: {"content": t} if t else {},
-                          logprobs=chat_logprobs)
+                          logprobs=chat_logprobs, tools=None if tc is None else [ToolCallStream(tc.parser) for _ in started])
         results = await collect_all(started, request)
         if results is None:
             return {}
-        choices = [{"index": i, "message": {"role": "assistant", "content": content},
+        messages = [{"role": "assistant", "content": content} if tc is None else parse_message(tc.parser, content)
+                    for content, _ in results]
+        choices = [{"index": i, "message": message,
                     "logprobs": chat_logprobs(run.logprobs) if run.job.logprobs is not None else None,
-                    "finish_reason": done.finish_reason}
-                   for i, (run, (content, done)) in enumerate(zip(started, results))]
+                    "finish_reason": "tool_calls" if "tool_calls" in message else done.finish_reason}
+                   for i, (run, message, (_, done)) in enumerate(zip(started, messages, results))]
         dones = [done for _, done in results]
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_id,
                 "system_fingerprint": FINGERPRINT, "choices": choices, "usage": _usage(dones, body.n),

@@ -158,11 +158,13 @@ class Job:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
     stop: Sequence[str] = ()
-    grammar: str | None = None  # GBNF text for the slot's sampler (checked before the job is queued)
+    # GBNF text for the slot's sampler (checked before the job is queued), or a tool call's grammar (tool_calls.py)
+    grammar: str | dict[str, Any] | None = None
     logprobs: int | None = None  # the top logprobs of each generated token, or None
     ignore_eos: bool = False  # end-of-generation tokens are never sampled (llama-server's ignore_eos)
     id_slot: int | None = None  # the slot that must run it (llama-server's id_slot); None: any free slot
     cache_prompt: bool = True  # False: evaluate the whole prompt, whatever the slot holds
+    special_text: bool = False  # special tokens' text in the output (a tool-call format's markers may be such)
     settings: Mapping[str, Any] | None = None  # the request's settings as the server shows them; kept only
     id: str = field(default_factory=lambda: f"job-{uuid.uuid4().hex[:12]}")
     submitted: float = field(default_factory=time.perf_counter)
@@ -850,7 +852,8 @@ class Engine:
         slot.job, slot.task, slot.state = job, job, SlotState.PREFILL
         slot.pending = list(job.prompt[keep:])
         slot.cached, slot.evaluated, slot.tokens_sent, slot.has_new_line = keep, 0, 0, False
-        slot.text = TextStream(self.model.detokenize_bytes, job.stop)
+        slot.text = TextStream(functools.partial(self.model.detokenize_bytes, unparse_special=job.special_text),
+                               job.stop)
         slot.sent = 0
         slot.logprob_rows = None if job.logprobs is None else LogprobRows(
             lambda tok: self.model.detokenize_bytes([tok]).decode("utf-8", "ignore"))

@@ -182,6 +182,7 @@ class ChatTemplateRequest(_Body):
     messages: list[Message] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # with tools: whether a reply may hold several calls
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # more variables for the template (llama-server's field)
 
