@@ -238,3 +238,13 @@ def test_llama_refuses_tools_it_cannot_do(llm: Any, tiny_model: Path) -> None:
     with Llama(tiny_model, n_ctx=256, n_threads=2, verbose=False) as plain:  # llama.cpp's built-in chatml
         with pytest.raises(ValueError, match="Jinja chat template"):
             plain.create_chat_completion([{"role": "user", "content": "Hi"}], tools=[WEATHER], max_tokens=2)
+
+
+def test_a_streamed_call_keeps_every_tokens_logprob(server: Any) -> None:
+    """Pieces that make nothing certain yet give no delta, but their tokens' logprobs still go out."""
+    r = chat(server, messages=FEW_SHOT, tools=[WEATHER], stream=True, logprobs=True,
+             stream_options={"include_usage": True})
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    n_logprobs = sum(len((e["choices"][0].get("logprobs") or {}).get("content") or []) for e in events if e["choices"])
+    assert n_logprobs == events[-1]["usage"]["completion_tokens"] > 5
+    assert any("tool_calls" in e["choices"][0]["delta"] for e in events if e["choices"])

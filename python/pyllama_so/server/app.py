@@ -24,7 +24,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pyllama_so import __version__
+from pyllama_so import __version__, _llama
 from pyllama_so._build_info import UPSTREAM_COMMIT
 from pyllama_so.llama import max_tokens_limit
 from pyllama_so.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
@@ -167,8 +167,8 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                 async for i, event in merged(runs):
                     if isinstance(event, Delta):
                         d = delta(event.text) if tools is None else tools[i].feed(event.text)
-                        if d is not None:
-                            yield _sse(chunk(d, None, lps=want and logprobs(event.logprobs), index=i))
+                        if d is not None or (want and event.logprobs):  # the piece's logprobs still go out
+                            yield _sse(chunk(d or {}, None, lps=want and logprobs(event.logprobs), index=i))
                     elif isinstance(event, Done):
                         dones[i] = event
                         finish = event.finish_reason
@@ -269,12 +269,15 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
             raise ApiError(400, f"tools need a Jinja chat template; the server's is {chat.name}", param="tools")
         if body.grammar_text() is not None:
             raise ApiError(400, "a grammar, json_schema or response_format cannot go with tools", param="tools")
+        def prepare() -> ToolChat:
+            tc = tool_chat(model, template, [m.variables() for m in body.messages], body.tools or [], body.tool_choice,
+                           parallel_tool_calls=body.parallel_tool_calls, add_generation_prompt=body.add_generation_prompt,
+                           template_kwargs=body.chat_template_kwargs)
+            if tc.grammar is not None:
+                _llama.check_grammar(model, tc.grammar)  # before it is queued: the engine builds it with the slot's chain
+            return tc
         try:
-            return await run_in_threadpool(tool_chat, model, template, [m.variables() for m in body.messages],
-                                           body.tools or [], body.tool_choice,
-                                           parallel_tool_calls=body.parallel_tool_calls,
-                                           add_generation_prompt=body.add_generation_prompt,
-                                           template_kwargs=body.chat_template_kwargs)
+            return await run_in_threadpool(prepare)
         except ValueError as e:
             raise ApiError(400, str(e), param="tools") from None
 
