@@ -166,7 +166,8 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                         yield _sse(c)
                 async for i, event in merged(runs):
                     if isinstance(event, Delta):
-                        d = delta(event.text) if tools is None else tools[i].feed(event.text)
+                        # the parse of the text so far runs off the event loop (and without the GIL)
+                        d = delta(event.text) if tools is None else await run_in_threadpool(tools[i].feed, event.text)
                         if d is not None or (want and event.logprobs):  # the piece's logprobs still go out
                             yield _sse(chunk(d or {}, None, lps=want and logprobs(event.logprobs), index=i))
                     elif isinstance(event, Done):
@@ -175,7 +176,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                         if tools is None:
                             d = last(event.text)
                         else:
-                            d = tools[i].finish(event.text) or {}
+                            d = await run_in_threadpool(tools[i].finish, event.text) or {}
                             finish = "tool_calls" if tools[i].called else finish
                         yield _sse(chunk(d, finish, lps=want and logprobs(event.logprobs), index=i,
                                          timings=event.timings.as_dict()))
@@ -313,8 +314,8 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         results = await collect_all(started, request)
         if results is None:
             return {}
-        messages = [{"role": "assistant", "content": content} if tc is None else parse_message(tc.parser, content)
-                    for content, _ in results]
+        messages = [{"role": "assistant", "content": content} if tc is None
+                    else await run_in_threadpool(parse_message, tc.parser, content) for content, _ in results]
         choices = [{"index": i, "message": message,
                     "logprobs": chat_logprobs(run.logprobs) if run.job.logprobs is not None else None,
                     "finish_reason": "tool_calls" if "tool_calls" in message else done.finish_reason}
