@@ -62,8 +62,12 @@ def _check_gguf_file(path: Path) -> None:
 
 def _constraint(grammar: str | LlamaGrammar | None, response_format: dict[str, Any] | None) -> LlamaGrammar | None:
     """The grammar a call's grammar= or response_format= asks for (a GrammarError for both, or a bad one)."""
+    if isinstance(grammar, ToolCallGrammar) and response_format is None:  # a chat with tools (_chat_with_tools)
+        return grammar
     text, root = resolve_grammar(grammar, response_format)
     return None if text is None else LlamaGrammar(text, root)
+
+
 class LlamaState:
     """A snapshot of a Llama (save_state / load_state), with llama-cpp-python's attributes: the tokens held
     (input_ids, n_tokens), their logits rows when the Llama keeps them (scores, logits_all=True; else 0
@@ -742,12 +746,8 @@ class Llama:
         # max_tokens checked now, not at the stream's first chunk
         chunks = self._completion(prompt, suffix, max_tokens_limit(max_tokens), logprobs, echo, stop, seed, model,
                                   stopping_criteria, logits_processor, constraint, sampling)
-        return chunks if stream else self._collect(chunks, logprobs, model)
-
-    __call__ = create_completion
-
-    def _collect(self, chunks: Iterator[dict[str, Any]], logprobs: int | None, model: str | None) -> dict[str, Any]:
-        """A completion's stream as one text_completion."""
+        if stream:
+            return chunks
         text, finish, usage, cid, created, lps = "", None, {}, "", 0, None
         for chunk in chunks:
             cid, created = chunk["id"], chunk["created"]
@@ -762,13 +762,13 @@ class Llama:
         return {"id": cid, "object": "text_completion", "created": created, "model": model or self.model_path,
                 "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": finish}], "usage": usage}
 
+    __call__ = create_completion
+
     def _completion(self, prompt: str | Sequence[int], suffix: str | None, max_tokens: int | None,
                     n_logprobs: int | None, echo: bool, stop: str | Sequence[str] | None, seed: int | None,
                     model_name: str | None, stopping_criteria: StoppingCriteria | None,
                     logits_processor: LogitsProcessor | None, grammar: str | LlamaGrammar | None,
-                    sampling: dict[str, Any], special_text: bool = False) -> Iterator[dict[str, Any]]:
-        """create_completion's chunks; special_text: special tokens' text in the output (a tool-call format's
-        markers may be such)."""
+                    sampling: dict[str, Any]) -> Iterator[dict[str, Any]]:
         # special-token text (e.g. "<|im_start|>") is parsed, as llama-cpp-python and llama-server do
         prompt_tokens = (self.tokenize(prompt, special=True) if isinstance(prompt, (str, bytes))
                          else [int(t) for t in prompt])
@@ -784,7 +784,8 @@ class Llama:
             yield chunk(self._text(prompt_tokens).decode("utf-8", "replace"), None)
         if self.cache is not None:
             self._from_cache(prompt_tokens)
-        text = TextStream(functools.partial(self._text, special=special_text), stops)
+        # a tool call's output keeps special tokens' text: a format's markers may be such
+        text = TextStream(functools.partial(self._text, special=isinstance(grammar, ToolCallGrammar)), stops)
         pending = LogprobRows(lambda tok: self._text([tok]).decode("utf-8", "ignore"), prompt_len) \
             if n_logprobs is not None else None
         sent = 0
@@ -934,18 +935,13 @@ class Llama:
         tokens = self.tokenize(tc.prompt, add_bos=True, special=True)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         stops += [s for s in (*template.stops, *tc.stops) if s not in stops]
-        sampling = dict(temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k, **extra)
-        n_logprobs = sampling.pop("logprobs")
-        for key in ("logits_processor", "grammar", "response_format", "tfs_z"):  # tfs_z: accepted, ignored
-            sampling.pop(key)
-        SamplingParams.from_kwargs(**sampling)
-        _llama.check_logprobs(n_logprobs)
-        chunks = self._completion(tokens, None, max_tokens_limit(max_tokens), n_logprobs, False, stops, seed, name,
-                                  None, extra["logits_processor"], ToolCallGrammar(tc.grammar) if tc.grammar else None,
-                                  sampling, special_text=True)
+        grammar = ToolCallGrammar(tc.grammar) if tc.grammar else None
+        out = self.create_completion(tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                     min_p=min_p, stop=stops, seed=seed, stream=stream, **{**extra, "grammar": grammar})
         if stream:
-            return chat_completion.tool_call_chunks(chat_completion.chat_chunks(chunks, name), ToolCallStream(tc.parser))
-        out = chat_completion.chat_response(self._collect(chunks, n_logprobs, name), name)
+            return chat_completion.tool_call_chunks(chat_completion.chat_chunks(out, name),  # type: ignore[arg-type]
+                                                    ToolCallStream(tc.parser))
+        out = chat_completion.chat_response(out, name)  # type: ignore[arg-type]
         choice = out["choices"][0]
         choice["message"] = parse_message(tc.parser, choice["message"]["content"])
         if "tool_calls" in choice["message"]:
