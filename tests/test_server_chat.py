@@ -78,8 +78,10 @@ def test_apply_template(chat_server: Server, server_without_template: Server) ->
     assert apply(chat_server, {"messages": MESSAGES}).json() == {"prompt": RENDERED}
     tools = [{"type": "function", "function": {"name": "météo"}}]
     r = apply(chat_server, {"messages": MESSAGES, "tools": tools, "add_generation_prompt": False})
-    assert r.json() == {"prompt": '<s><|tools|>[{"type": "function", "function": {"name": "météo"}}]\n'
-                                  + RENDERED.removeprefix("<s>").removesuffix("<|assistant|>\n")}
+    # with tools, llama.cpp's chat layer renders it, as llama-server: the tool normalized, the BOS left to the
+    # tokenizer (this vocabulary adds one)
+    assert r.json() == {"prompt": '<|tools|>[{"type": "function", "function": {"name": "météo", "description": "", '
+                                  '"parameters": {}}}]\n' + RENDERED.removeprefix("<s>").removesuffix("<|assistant|>\n")}
     assert apply(server_without_template, {"messages": MESSAGES}).json() == {"prompt": CHATML}
 
 

@@ -248,3 +248,14 @@ def test_a_streamed_call_keeps_every_tokens_logprob(server: Any) -> None:
     n_logprobs = sum(len((e["choices"][0].get("logprobs") or {}).get("content") or []) for e in events if e["choices"])
     assert n_logprobs == events[-1]["usage"]["completion_tokens"] > 5
     assert any("tool_calls" in e["choices"][0]["delta"] for e in events if e["choices"])
+
+
+def test_apply_template_with_tools_gives_the_chat_layers_prompt(server: Any, llm: Any) -> None:
+    """/apply-template renders tools as a chat completion would generate from them: the chat layer's prompt."""
+    r = httpx.post(f"{server.url}/apply-template", json={"messages": FEW_SHOT, "tools": [WEATHER]}, timeout=60)
+    assert r.status_code == 200, r.text
+    want = tool_chat(llm._parts()[0], TEMPLATE.read_text(), FEW_SHOT, [WEATHER]).prompt
+    assert r.json()["prompt"] == want and '"name": "get_weather"' in want
+    none = httpx.post(f"{server.url}/apply-template", json={"messages": FEW_SHOT, "tools": [WEATHER],
+                                                            "tool_choice": "none"}, timeout=60)
+    assert none.status_code == 200 and none.json()["prompt"] != want  # the Jinja2 rendering

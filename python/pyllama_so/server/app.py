@@ -261,20 +261,22 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         except ValueError as e:
             raise ApiError(400, str(e), param="messages") from None
 
-    async def with_tools(body: ChatRequest) -> ToolChat:
+    async def with_tools(body: ChatTemplateRequest) -> ToolChat:
         """The prompt, grammar and parser of a chat with tools (llama.cpp's chat layer, as llama-server's
         --jinja): a 400 for a template that is not Jinja, a grammar of the request's own beside them, or
-        messages and tools the chat layer refuses."""
+        messages and tools the chat layer refuses. A request that generates gets its grammar checked too."""
         template = getattr(chat, "text", None)
         if template is None:
             raise ApiError(400, f"tools need a Jinja chat template; the server's is {chat.name}", param="tools")
-        if body.grammar_text() is not None:
+        generates = isinstance(body, GenerationRequest)
+        if generates and body.grammar_text() is not None:
             raise ApiError(400, "a grammar, json_schema or response_format cannot go with tools", param="tools")
+
         def prepare() -> ToolChat:
             tc = tool_chat(model, template, [m.variables() for m in body.messages], body.tools or [], body.tool_choice,
                            parallel_tool_calls=body.parallel_tool_calls, add_generation_prompt=body.add_generation_prompt,
                            template_kwargs=body.chat_template_kwargs)
-            if tc.grammar is not None:
+            if generates and tc.grammar is not None:
                 _llama.check_grammar(model, tc.grammar)  # before it is queued: the engine builds it with the slot's chain
             return tc
         try:
@@ -284,7 +286,10 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
 
     @app.post("/apply-template")
     async def apply_template(body: ChatTemplateRequest) -> dict[str, Any]:
-        """llama-server's: the prompt the chat template makes of the messages, without generating."""
+        """llama-server's: the prompt the chat template makes of the messages (with tools: the chat layer's, as
+        a chat completion would generate from), without generating."""
+        if uses_tools(body.tools, body.tool_choice):
+            return {"prompt": (await with_tools(body)).prompt}
         return {"prompt": await render(body)}
 
     @app.post("/v1/chat/completions", response_model=None)
