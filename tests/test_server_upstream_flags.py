@@ -6,6 +6,7 @@ supported (never argparse's "unrecognized arguments", nor -cb read as -c b)."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 from pathlib import Path
 
 import httpx
@@ -130,3 +131,42 @@ def test_a_generation_that_fills_the_unified_cache_ends_with_length(tiny_model: 
         assert "the KV cache is full: ends at" in s.log
         r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_prompt_cut_by_a_full_unified_cache_yields_to_the_generating_one(tiny_model: Path) -> None:
+    """Two prompts of 150 tokens taken in one step of n_batch 256 fill a unified cache of 256: all of the first,
+    106 tokens of the second. The first request's next token then finds no room: the second prompt's cells are
+    given back (it is evaluated again later), not the first request cut to one token. Both get their 100."""
+    import threading
+
+    from pyllama_so import _llama
+    from pyllama_so.sampling import SamplingParams
+    from pyllama_so.server.engine import Done, Job
+
+    model = _llama.Model.load(tiny_model, n_gpu_layers=0)
+    ctx = _llama.Context(model, n_ctx=256, n_batch=256, n_ubatch=256, n_seq_max=2, n_threads=2, kv_unified=True)
+    ended: dict[str, Done] = {}
+    done = threading.Event()
+
+    def job(name: str, first: int) -> Job:
+        def emit(ev: Any) -> None:
+            if isinstance(ev, Done) or not hasattr(ev, "text"):
+                ended[name] = ev
+                if len(ended) == 2:
+                    done.set()
+        return Job(list(range(first, first + 150)), emit, max_tokens=100,
+                   sampling=SamplingParams.from_kwargs(temperature=0.0), ignore_eos=True)
+
+    engine = Engine(ctx)
+    engine.start()
+    try:
+        with engine._lock:  # both queued before the engine looks: one step takes both prompts
+            engine.submit(job("a", 3))
+            engine.submit(job("b", 203))
+        assert done.wait(120)
+    finally:
+        engine.stop()
+        ctx.free()
+        model.free()
+    assert all(isinstance(ended[k], Done) for k in "ab"), ended
+    assert [ended[k].usage.completion_tokens for k in "ab"] == [100, 100]

@@ -631,9 +631,9 @@ class Engine:
         """The step of items found no room in the KV cache (one cache for all slots: -kvu). Frees or defers one
         thing and returns the items to try again (empty: none left), so that nothing is lost while something
         else can go: first the idle slots' cached prompts; then prompt pieces wait while slots generate (or
-        all but the oldest prompt's); then a generating slot ends with "length" (its text is whole: one
-        without max_tokens, else the newest) and its cache goes at the next try; a prompt piece alone that does not
-        fit fails its request."""
+        all but the oldest prompt's); then a waiting prompt begun earlier gives its cells back; then a
+        generating slot ends with "length" (its text is whole: one without max_tokens, else the newest) and its
+        cache goes at the next try; a prompt piece alone that does not fit fails its request."""
         idle = [s for s in self._slots if s.job is None and s.tokens]
         if idle:
             for s in idle:
@@ -648,6 +648,19 @@ class Engine:
         if len(pieces) > 1:
             newest = max(pieces, key=lambda item: item[0].t_admitted)
             return [item for item in items if item is not newest]
+        # a prompt begun in an earlier step that now waits holds cells: they go back (it is evaluated again
+        # later) before a generating request is cut or the piece that goes on fails
+        stepping = {item[0].id for item in items}
+        begun = [s for s in self._slots if s.job is not None and s.state is SlotState.PREFILL and s.tokens
+                 and s.id not in stepping]
+        if begun:
+            s = max(begun, key=lambda s: s.t_admitted)
+            log.info("%s slot %d: the KV cache is full: its prompt gives back %d cells and waits", s.job.id, s.id,
+                     len(s.tokens))
+            self.ctx.truncate(0, s.id)
+            s.tokens.clear()
+            s.pending, s.cached, s.evaluated = list(s.job.prompt), 0, 0
+            return items
         if generating:  # a request without max_tokens asked for up to the context's end; else the newest goes
             s = max((item[0] for item in generating), key=lambda s: (s.job.max_tokens is None, s.t_admitted))
             log.info("%s slot %d: the KV cache is full: ends at %d tokens", s.job.id if s.job else "-", s.id,
