@@ -76,9 +76,23 @@ static json prefill_tokens(const llama_model * model, const std::string & text) 
     return out;
 }
 
+// runs f, which sets out; an exception becomes its message in out and false: none may unwind into the bindings
+template <typename F>
+static bool guarded(std::string & out, const char * what, F && f) noexcept {
+    try {
+        f();
+        return true;
+    } catch (const std::exception & e) {
+        out = e.what();
+    } catch (...) {
+        out = std::string(what) + " failed with an unknown exception";
+    }
+    return false;
+}
+
 bool pyllama_so_chat_tools_apply(const llama_model * model, const std::string & template_src,
                                  const std::string & request_json, std::string & out) noexcept {
-    try {
+    return guarded(out, "llama.cpp's chat layer", [&] {
         const json req = json::parse(request_json);
         auto tmpls = common_chat_templates_init(model, template_src);
         auto caps  = common_chat_templates_get_caps(tmpls.get());
@@ -116,18 +130,12 @@ bool pyllama_so_chat_tools_apply(const llama_model * model, const std::string & 
         parser["parser"]            = p.parser;
         res["parser"] = parser;
         out = res.dump();
-        return true;
-    } catch (const std::exception & e) {
-        out = e.what();
-    } catch (...) {
-        out = "llama.cpp's chat layer failed with an unknown exception";
-    }
-    return false;
+    });
 }
 
 bool pyllama_so_chat_tools_parse(const std::string & parser_json, const std::string & text, bool is_partial,
                                  std::string & out) noexcept {
-    try {
+    return guarded(out, "llama.cpp's chat parser", [&] {
         const json pj = json::parse(parser_json);
         common_chat_parser_params pp;
         pp.format            = (common_chat_format) pj.at("format").get<int>();
@@ -139,11 +147,5 @@ bool pyllama_so_chat_tools_parse(const std::string & parser_json, const std::str
             pp.parser.load(parser);
         }
         out = common_chat_parse(text, is_partial, pp).to_json_oaicompat().dump();
-        return true;
-    } catch (const std::exception & e) {
-        out = e.what();
-    } catch (...) {
-        out = "llama.cpp's chat parser failed with an unknown exception";
-    }
-    return false;
+    });
 }

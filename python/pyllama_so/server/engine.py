@@ -896,9 +896,11 @@ class Engine:
     def _free_released(self, running: bool) -> None:
         """Free the released slots' samplers that can go now: all while no step runs, else those outside the
         graph (a chain in it waits: _chainable ends the running step apart for it)."""
-        keep = [smp for smp in self._free_after_step if running and smp.on_backend]
+        keep = []
         for smp in self._free_after_step:
-            if not (running and smp.on_backend):
+            if running and smp.on_backend:
+                keep.append(smp)
+            else:
                 smp.free()
         self._free_after_step = keep
 
