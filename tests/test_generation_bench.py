@@ -22,11 +22,12 @@ def test_reports_every_rate_and_ratio(tiny_model: Path, tmp_path: Path) -> None:
     assert c["ratio_default_over_greedy"] == c["default"]["mean"] / c["greedy"]["mean"]
     assert [d["streams"] for d in data["decode"]] == [1, 3]
     for d in data["decode"]:
-        assert all(d[m]["mean"] > 0 for m in ("raw", "greedy", "sampled", "whole", "backend"))
+        assert all(d[m]["mean"] > 0 for m in ("raw", "outputs", "greedy", "sampled", "whole", "backend"))
+        assert d["ratio_sampled_over_outputs"] == d["sampled"]["mean"] / d["outputs"]["mean"]
         assert d["backend"]["in_graph"] is True  # the CPU backend takes the default chain
         for mode in ("greedy", "sampled"):  # 8 steps of 1 or 3 rows, none with ties at the top of a random model
             assert d[mode]["prefilter_rows"] == {"picked": 8 * d["streams"], "whole": 0}
-    assert "| streams | raw decode t/s |" in res.stdout
+    assert "| streams | raw decode t/s | raw with outputs t/s |" in res.stdout and "| sampled / outputs |" in res.stdout
     assert set(data["row_ms"]) == {"default_prefilter", "default_whole", "greedy_prefilter", "greedy_whole"}
     assert all(v > 0 for v in data["row_ms"].values())
     assert all(set(d["sampled_by_threads"]) == {"1", "2"} for d in data["decode"])

@@ -22,7 +22,8 @@ SCRIPT = SCRIPTS / "server-load"
 # 3 slots of 512 tokens: the mixed scenario's two streams and a long prompt
 SERVER_FLAGS = ["-c", "1536", "-np", "3", "-b", "256", "-ub", "64", "-t", "2"]
 LOAD_FIELDS = {"server", "scenario", "concurrency", "requests", "ok", "errors", "error_samples", "prompt_tokens",
-               "gen_tokens", "output_tokens", "duration_s", "output_tps", "ttft_ms", "itl_ms", "tpot_ms"}
+               "gen_tokens", "output_tokens", "duration_s", "output_tps", "ttft_ms", "itl_ms", "tpot_ms",
+               "full_decode_tps", "full_decode_s", "full_decode_chunks"}
 MIXED_FIELDS = {"server", "scenario", "concurrency", "long_prompts", "prompt_tps", "itl_ms_alone", "itl_ms_mixed",
                 "stream_requests", "errors", "error_samples"}
 
@@ -55,6 +56,9 @@ def check_load_run(r: dict[str, Any], concurrency: int, requests: int, prompt: i
     assert 0 < r["itl_ms"]["n"] <= requests * (gen - 1)
     assert 0 < r["itl_ms"]["p50"] <= r["itl_ms"]["p90"]
     assert r["sample_body"]["ignore_eos"] is True and r["sample_body"]["max_tokens"] == gen
+    if concurrency == 1:  # one stream at a time: every request's decoding counts
+        assert r["full_decode_tps"] > 0 and 0 < r["full_decode_s"] < r["duration_s"]
+        assert 0 < r["full_decode_chunks"] <= requests * (gen - 1)
 
 
 def test_load_and_mixed_against_our_server(tiny_model: Path, tmp_path: Path) -> None:
@@ -64,8 +68,8 @@ def test_load_and_mixed_against_our_server(tiny_model: Path, tmp_path: Path) -> 
               "--json", str(out), "--", *SERVER_FLAGS)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
-    assert lines[0] == ("| server | C | requests | errors | output tok/s | TTFT p50 ms | TTFT p90 ms | ITL p50 ms "
-                        "| ITL p90 ms | host ms/step | issue / stream / wait ms |")
+    assert lines[0] == ("| server | C | requests | errors | output tok/s | decode tok/s, all C | TTFT p50 ms "
+                        "| TTFT p90 ms | ITL p50 ms | ITL p90 ms | host ms/step | issue / stream / wait ms |")
     assert [line.split(" | ")[:4] for line in lines[2:4]] == [["| ours", "1", "3", "0"], ["| ours", "2", "3", "0"]]
     assert lines[5].startswith("| server | C | long prompts | prompt t/s |")
     assert [line.split(" | ")[:3] for line in lines[7:9]] == [["| ours", "1", "300,200"], ["| ours", "2", "300,200"]]
@@ -108,6 +112,24 @@ def test_prompts_differ_from_the_first_token_unless_a_prefix_is_shared() -> None
     shared = mod.Prompts(512, 5, seed=3)
     prompts = [shared.make(16) for _ in range(50)]
     assert len({tuple(x[:5]) for x in prompts}) == 1 and len({x[5] for x in prompts}) == 50
+
+
+def test_the_decode_rate_counts_only_times_when_every_stream_generates() -> None:
+    mod = load_script()
+
+    def outcome(chunks: list[float], tokens: int) -> Any:
+        return mod.Outcome(sent=0.0, prompt_tokens=4, chunks=chunks, output_tokens=tokens)
+
+    # two streams generate together from 2.5 s (the second's first text) to 5 s (the first's last)
+    a, b = outcome([0, 1, 2, 3, 4, 5], 6), outcome([2.5, 3, 3.5, 4, 7], 5)
+    assert mod.full_decode_rate([a, b], 2) == {"full_decode_tps": 2.4, "full_decode_s": 2.5, "full_decode_chunks": 6}
+    # pieces of two tokens each count twice
+    a2, b2 = outcome(a.chunks, 12), outcome(b.chunks, 10)
+    assert mod.full_decode_rate([a2, b2], 2)["full_decode_tps"] == 4.8
+    # one stream at a time: each one's span, its first chunk excluded
+    assert mod.full_decode_rate([a], 1) == {"full_decode_tps": 1.0, "full_decode_s": 5.0, "full_decode_chunks": 5}
+    # never three at once: no rate
+    assert mod.full_decode_rate([a, b], 3) == {"full_decode_tps": None, "full_decode_s": 0, "full_decode_chunks": 0}
 
 
 def test_percentiles_and_the_request_body() -> None:
