@@ -196,6 +196,61 @@ def test_logprobs_equal_log_softmax_of_eval(llm: Llama) -> None:
     llm.reset()
 
 
+@pytest.mark.parametrize("n_words", [8, 300])  # 300 words: more than one llama_decode call of 256 tokens
+def test_echo_logprobs_score_the_prompt(llm: Llama, tiny_model: Path, n_words: int) -> None:
+    """echo=True with logprobs (llama-cpp-python's, e.g. for a prompt's log-likelihood): each prompt token
+    scored given the ones before it, a leading BOS left out, the first listed token None, then the
+    completion's rows as without echo."""
+    prompt = " ".join(f"w{i % 37}" for i in range(n_words))
+    tokens = llm.tokenize(prompt)
+    assert n_words < 256 or len(tokens) > 256
+    out = llm.create_completion(prompt, max_tokens=4, temperature=0, echo=True, logprobs=3)["choices"][0]
+    plain = llm.create_completion(prompt, max_tokens=4, temperature=0, logprobs=3)["choices"][0]
+    lp = out["logprobs"]
+    first = 1 if tokens[0] == llm.token_bos() else 0
+    n_listed = len(tokens) - first
+    assert out["text"] == llm.detokenize(tokens).decode() + plain["text"]
+    # the completion's rows as without echo, to rounding: that prompt came from the cache, its last token
+    # decoded alone, where here its row is the whole prompt's batch's
+    assert len(lp["tokens"]) == n_listed + 4
+    assert lp["token_logprobs"][n_listed:] == pytest.approx(plain["logprobs"]["token_logprobs"], abs=max(1e-3, 2 * TOL))
+    assert lp["tokens"][n_listed:] == plain["logprobs"]["tokens"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["text_offset"][:n_listed] == sorted(lp["text_offset"][:n_listed]) and lp["text_offset"][0] == 0
+    llm.reset()
+    rows = llm.eval(tokens)
+    llm.reset()
+    for i in range(first + 1, len(tokens)):
+        ref = log_softmax(rows[i - 1])
+        assert lp["token_logprobs"][i - first] == pytest.approx(ref[tokens[i]], abs=TOL)
+        # {text: logprob} of the top 3 and the token itself (tokens of one text share a key: values, not a count)
+        expected = ref[np.concatenate([np.argsort(-ref, kind="stable")[:3], [tokens[i]]])]
+        assert all(np.abs(expected - v).min() < TOL for v in lp["top_logprobs"][i - first].values())
+    # with logits_all the prompt's rows are kept in scores as eval() gives them
+    with Llama(tiny_model, n_ctx=512, n_threads=2, logits_all=True) as keep:
+        again = keep.create_completion(prompt, max_tokens=4, temperature=0, echo=True, logprobs=3)["choices"][0]
+        assert again["logprobs"]["token_logprobs"] == lp["token_logprobs"]
+        np.testing.assert_allclose(keep.scores[:len(tokens)], rows, atol=TOL)
+
+
+def test_streamed_echo_logprobs_come_with_the_prompt(llm: Llama) -> None:
+    whole = llm.create_completion(PROMPT, max_tokens=5, temperature=0, echo=True, logprobs=1)["choices"][0]
+    chunks = list(llm.create_completion(PROMPT, max_tokens=5, temperature=0, echo=True, logprobs=1, stream=True))
+    head = chunks[0]["choices"][0]
+    assert head["text"] == llm.detokenize(llm.tokenize(PROMPT)).decode() and head["logprobs"]["token_logprobs"][0] is None
+    streamed = [t for c in chunks if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["token_logprobs"]]
+    assert streamed == whole["logprobs"]["token_logprobs"]
+
+
+def test_decode_logprobs_checks_its_rows_buffer(llm: Llama) -> None:
+    llm.reset()
+    with pytest.raises(ValueError, match="rows must have shape"):
+        llm.context.decode_logprobs([1, 2, 3], 2, rows=np.zeros((2, llm.n_vocab()), dtype=np.float32))
+    with pytest.raises(ValueError, match="n_top"):
+        llm.context.decode_logprobs([1, 2], 99)
+    llm.reset()
+
+
 def test_streamed_logprobs_match_the_whole(llm: Llama) -> None:
     whole = llm.create_completion(PROMPT, max_tokens=10, temperature=0, logprobs=2)["choices"][0]
     tokens: list[str] = []

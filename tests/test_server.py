@@ -242,6 +242,9 @@ def test_echo(server: Server, llm: Llama) -> None:
     want = llm.create_completion(PROMPT, max_tokens=6, temperature=0.0, echo=True)["choices"][0]["text"]
     out = server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, echo=True)
     assert out.choices[0].text == want and want.startswith(PROMPT)
+    # the prompt's logprobs are Llama's only: a 400 naming echo, not the completion's rows alone
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "echo": True, "logprobs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
 
 
 def test_stop_string_equals_llama(server: Server, llm: Llama) -> None:

@@ -274,6 +274,58 @@ cdef class Context:
         self.batch.n_tokens = 1
         return llama_decode(self.ptr, self.batch)
 
+    def decode_logprobs(self, tokens, int n_top=0, *, int seq_id=0, rows=None):
+        """Append tokens to a sequence with an output at every token, and score them: for each token after
+        the first, (log p(token | the tokens before it), [(id, log p) of the n_top most likely there]), from
+        the previous token's logits row, computed in C as logprobs() does (len(tokens) - 1 entries). rows: a
+        C-contiguous float32 array of shape (len(tokens), n_vocab) that receives each token's logits row
+        (Llama's scores with logits_all). The last token's logits stay in the context (output -1).
+
+        llama_decode calls of one ubatch each: the output buffer holds n_ubatch rows, not n_batch, and the
+        ubatches are those of a decode() of the same tokens (the same rounding)."""
+        self._check_open()
+        if not 0 <= n_top <= MAX_LOGPROBS:
+            raise ValueError(f"n_top must be in [0, {MAX_LOGPROBS}], got {n_top}")
+        cdef int32_t[::1] toks = self.model._tokens(tokens)
+        cdef int32_t n = toks.shape[0]
+        if n == 0:
+            raise ValueError("no tokens to decode")
+        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
+        cdef float[:, ::1] rows_mv
+        if rows is not None:
+            rows_mv = rows
+            if rows_mv.shape[0] != n or rows_mv.shape[1] != n_vocab:
+                raise ValueError(f"rows must have shape ({n}, {n_vocab}), got ({rows_mv.shape[0]}, {rows_mv.shape[1]})")
+        cdef llama_pos pos0 = llama_memory_seq_pos_max(llama_get_memory(self.ptr), seq_id) + 1
+        if pos0 + n > llama_n_ctx_seq(self.ptr):
+            raise ContextFullError(f"{pos0} cached + {n} new tokens exceed the context of "
+                                   f"{llama_n_ctx_seq(self.ptr)} tokens")
+        cdef int32_t done = 0, chunk, i, rc
+        cdef const float * src
+        out = []
+        while done < n:
+            chunk = min(n - done, self.batch_cap, <int32_t> llama_n_ubatch(self.ptr))
+            self._fill_batch(toks, done, chunk, pos0, seq_id, True, n - 1)
+            with nogil:
+                rc = llama_decode(self.ptr, self.batch)
+                if rc == 0:
+                    llama_synchronize(self.ptr)
+            if rc != 0:
+                _check_rpc_servers(self.model.rpc_servers, "decode_logprobs")
+            _check_decode(rc, "decode_logprobs")
+            for i in range(chunk):
+                src = llama_get_logits_ith(self.ptr, i)
+                if src == NULL:
+                    raise DecodeError("no logits for an output token")
+                if rows is not None:
+                    memcpy(&rows_mv[done + i, 0], src, n_vocab * sizeof(float))
+                if done + i + 1 < n:
+                    out.append(_row_logprobs(src, n_vocab, toks[done + i + 1], n_top))
+            self.n_last_outputs = chunk
+            done += chunk
+        _check_rpc_servers(self.model.rpc_servers, "decode_logprobs")
+        return out
+
     def prefill(self, tokens, *, int seq_id=0):
         """Append tokens to a sequence, keeping only the last token's logits in the context (for
         Sampler.sample(ctx) or logprobs(), until the next decode): decode() without the copy."""

@@ -642,8 +642,10 @@ class Llama:
     def _steps(self, tokens: list[int], max_tokens: int | None, seed: int | None, stop_on_eog: bool,
                grammar: str | LlamaGrammar | None, n_logprobs: int | None,
                logits_processor: LogitsProcessor | None, stopping_criteria: StoppingCriteria | None,
-               sampling: dict[str, Any]) -> Iterator[tuple[int, tuple[float, list[tuple[int, float]]] | None]]:
-        """(token, logprobs or None) per generated token: the one generation loop of Llama."""
+               sampling: dict[str, Any], prefilled: bool = False
+               ) -> Iterator[tuple[int, tuple[float, list[tuple[int, float]]] | None]]:
+        """(token, logprobs or None) per generated token: the one generation loop of Llama. prefilled: the
+        context holds `tokens` already, the last one's logits its last output (_prompt_logprobs)."""
         sampler = self.sampler(seed=seed, grammar=grammar, **sampling)  # bad parameters fail before any decode
         _llama.check_logprobs(n_logprobs)
         model, ctx = self._parts()
@@ -651,7 +653,8 @@ class Llama:
         if self.backend_sampling and n_logprobs is None and not slow:
             ctx.set_backend_sampler(0, sampler)  # llama.cpp may keep it on the CPU (split_mode="tensor")
         try:
-            self._prefill(tokens)
+            if not prefilled:
+                self._prefill(tokens)
             sampler.accept(tokens)  # penalties and DRY count the prompt, as in llama-cpp-python
             produced = 0
             tok = self._slow_sample(sampler, logits_processor) if slow else sampler.sample(ctx)
@@ -721,7 +724,9 @@ class Llama:
 
         max_tokens None, 0 or less: up to the end of the context (llama-cpp-python's rule). logprobs=N (0..MAX_LOGPROBS): per generated
         token its text, offset, log-probability and the top N alternatives, in llama-cpp-python's format
-        (log-softmax of the model's logits, computed in C). Further llama.cpp samplers by keyword
+        (log-softmax of the model's logits, computed in C); with echo=True the prompt's tokens come first, each
+        scored given the ones before it (a leading BOS left out, the first listed token's entries None, as
+        there), the prompt then evaluated again from its start. Further llama.cpp samplers by keyword
         (penalty_last_n, dry_*, xtc_*, top_n_sigma, min_keep). tfs_z is accepted and ignored (llama.cpp
         removed tail-free sampling); suffix is appended to the text; model names the response's model.
 
@@ -732,8 +737,6 @@ class Llama:
         schema that does not parse is a ValueError with llama.cpp's message. The grammar only allows what it
         describes: give max_tokens room for the text to end, or it is cut where max_tokens stops it.
         """
-        if echo and logprobs is not None:
-            raise ValueError("logprobs with echo=True (the prompt's log-probabilities) is not supported")
         sampling.update(temperature=temperature, top_p=top_p, min_p=min_p, typical_p=typical_p,
                         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                         repeat_penalty=repeat_penalty, top_k=top_k, mirostat_mode=mirostat_mode,
@@ -780,9 +783,11 @@ class Llama:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_name or self.model_path,
                     "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": finish}], **extra}
 
+        scored = echo and n_logprobs is not None
         if echo:
-            yield chunk(self._text(prompt_tokens).decode("utf-8", "replace"), None)
-        if self.cache is not None:
+            lps = self._prompt_logprobs(prompt_tokens, n_logprobs) if scored else None
+            yield chunk(self._text(prompt_tokens).decode("utf-8", "replace"), None, lps)
+        if self.cache is not None and not scored:
             self._from_cache(prompt_tokens)
         # a tool call's output keeps special tokens' text: a format's markers may be such
         text = TextStream(functools.partial(self._text, special=isinstance(grammar, ToolCallGrammar)), stops)
@@ -790,7 +795,7 @@ class Llama:
             if n_logprobs is not None else None
         sent = 0
         for tok, lp in self._steps(prompt_tokens, max_tokens, seed, True, grammar, n_logprobs, logits_processor,
-                                   stopping_criteria, sampling):
+                                   stopping_criteria, sampling, prefilled=scored):
             if pending is not None:
                 pending.add(tok, lp)
             ready = text.push(tok)
@@ -815,6 +820,33 @@ class Llama:
         if self.cache is not None:
             self.cache[self._tokens] = self.save_state()
         yield chunk(tail, finish, lps, usage=usage)
+
+    def _prompt_logprobs(self, tokens: list[int], n_top: int) -> dict[str, list[Any]]:
+        """echo=True with logprobs: the prompt evaluated from its start with an output at every token, each
+        token scored from the row before it in C (Context.decode_logprobs), in llama-cpp-python's format."""
+        _, ctx = self._generative()
+        if not tokens:
+            raise ValueError("the prompt is empty")
+        if len(tokens) > ctx.n_ctx:
+            raise ContextFullError(f"the prompt has {len(tokens)} tokens but n_ctx is {ctx.n_ctx}")
+        self.reset()
+        scored = ctx.decode_logprobs(tokens, n_top, rows=self._scores_rows()[:len(tokens)] if self._logits_all else None)
+        self._tokens.extend(tokens)
+
+        def piece(tok: int) -> str:
+            return self._text([tok]).decode("utf-8", "ignore")
+
+        out: dict[str, list[Any]] = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+        offset, first = 0, 1 if tokens[0] == self.token_bos() else 0
+        for i in range(first, len(tokens)):
+            text = piece(tokens[i])
+            lp, top = scored[i - 1] if i > first else (None, None)
+            out["tokens"].append(text)
+            out["text_offset"].append(offset)
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append(None if top is None else {**{piece(t): v for t, v in top}, text: lp})
+            offset += len(text)
+        return out
 
     def _from_cache(self, prompt_tokens: Sequence[int]) -> None:
         """Load the cached state sharing the longest prefix with prompt_tokens, if longer than the context's."""

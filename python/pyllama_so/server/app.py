@@ -217,6 +217,9 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> dict[str, Any] | EventSourceResponse:
+        if body.echo and body.logprobs is not None:  # rather than the completion's rows alone, silently
+            raise ApiError(400, "echo with logprobs (the prompt's log-probabilities) is not supported here; "
+                                "pyllama_so.Llama.create_completion has it", param="echo")
         prompts = []
         for one in body.prompts:
             if isinstance(one, str):
