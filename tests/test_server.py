@@ -242,9 +242,46 @@ def test_echo(server: Server, llm: Llama) -> None:
     want = llm.create_completion(PROMPT, max_tokens=6, temperature=0.0, echo=True)["choices"][0]["text"]
     out = server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, echo=True)
     assert out.choices[0].text == want and want.startswith(PROMPT)
-    # the prompt's logprobs are Llama's only: a 400 naming echo, not the completion's rows alone
-    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "echo": True, "logprobs": 1})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
+
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_logprobs_score_the_prompt_as_llama_does(server: Server, llm: Llama, stream: bool) -> None:
+    """echo with logprobs (e.g. a prompt's log-likelihood, max_tokens 0 or 1): every prompt token's logprob
+    (a leading BOS left out, the first null), then the generated tokens', as Llama's."""
+    want = llm.create_completion(PROMPT, max_tokens=3, temperature=0.0, echo=True, logprobs=2)["choices"][0]
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 2, "stream": stream}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        if stream:
+            events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
+            choices = [e["choices"][0] for e in events if e["choices"]]
+            text = "".join(c["text"] for c in choices)
+            lps = {k: [v for c in choices if c["logprobs"] for v in c["logprobs"][k]]
+                   for k in ("tokens", "text_offset", "token_logprobs", "top_logprobs")}
+        else:
+            r.read()
+            got = r.json()["choices"][0]
+            text, lps = got["text"], got["logprobs"]
+    assert text == want["text"]
+    assert lps["tokens"] == want["logprobs"]["tokens"] and lps["text_offset"] == want["logprobs"]["text_offset"]
+    assert lps["token_logprobs"][0] is None and lps["top_logprobs"][0] is None
+    assert lps["token_logprobs"][1:] == pytest.approx(want["logprobs"]["token_logprobs"][1:], abs=1e-3)
+    n_prompt = len(want["logprobs"]["tokens"]) - 3
+    assert n_prompt > 3 and all(lp <= 0 for lp in lps["token_logprobs"][1:])
+    # several prompts, n choices each: every choice starts with its own prompt's rows
+    r = httpx.post(f"{server.url}/v1/completions", json={**body, "prompt": [PROMPT, "abc abc"], "n": 2, "stream": False},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    rows = [c["logprobs"]["token_logprobs"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
+    assert rows[0] == rows[1] and rows[2] == rows[3] and rows[0][1:] == pytest.approx(lps["token_logprobs"][1:], abs=1e-3)
+    assert len(rows[2]) == len(llm.tokenize("abc abc")) - (llm.tokenize("abc abc")[0] == llm.token_bos()) + 3
+    # a log-likelihood request as evaluation harnesses send it: one token after the prompt's rows
+    r = httpx.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 1, "stream": False}, timeout=60)
+    assert r.status_code == 200, r.text
+    got = r.json()["choices"][0]["logprobs"]
+    assert len(got["tokens"]) == n_prompt + 1
+    assert got["token_logprobs"][1:n_prompt] == pytest.approx(want["logprobs"]["token_logprobs"][1:n_prompt], abs=1e-3)
 
 
 def test_stop_string_equals_llama(server: Server, llm: Llama) -> None:

@@ -27,7 +27,8 @@ from pyllama_so.chat_template import ChatTemplate
 from pyllama_so.config import ContextParams, ModelParams, check_combination, create_context, load_model
 from pyllama_so.embeddings import embed_tokens, embedding_sequences, normalize as normalize_embedding
 from pyllama_so.grammar import LlamaGrammar, ToolCallGrammar, grammar_text, resolve_grammar
-from pyllama_so.logprobs import LogitsProcessor, LogprobRows, StoppingCriteria, completion_logprobs
+from pyllama_so.logprobs import (LogitsProcessor, LogprobRows, StoppingCriteria, completion_logprobs,
+                                 prompt_logprob_rows)
 from pyllama_so.prefix import common_prefix
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
@@ -832,21 +833,9 @@ class Llama:
         self.reset()
         scored = ctx.decode_logprobs(tokens, n_top, rows=self._scores_rows()[:len(tokens)] if self._logits_all else None)
         self._tokens.extend(tokens)
-
-        def piece(tok: int) -> str:
-            return self._text([tok]).decode("utf-8", "ignore")
-
-        out: dict[str, list[Any]] = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
-        offset, first = 0, 1 if tokens[0] == self.token_bos() else 0
-        for i in range(first, len(tokens)):
-            text = piece(tokens[i])
-            lp, top = scored[i - 1] if i > first else (None, None)
-            out["tokens"].append(text)
-            out["text_offset"].append(offset)
-            out["token_logprobs"].append(lp)
-            out["top_logprobs"].append(None if top is None else {**{piece(t): v for t, v in top}, text: lp})
-            offset += len(text)
-        return out
+        rows = prompt_logprob_rows(tokens, scored, lambda tok: self._text([tok]).decode("utf-8", "ignore"),
+                                   self.token_bos())
+        return completion_logprobs(rows)
 
     def _from_cache(self, prompt_tokens: Sequence[int]) -> None:
         """Load the cached state sharing the longest prefix with prompt_tokens, if longer than the context's."""

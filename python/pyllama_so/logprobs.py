@@ -70,15 +70,31 @@ class LogprobRows:
         return ready
 
 
+def prompt_logprob_rows(tokens: Sequence[int], scored: Sequence[tuple[float | None, list[tuple[int, float]]]],
+                        piece: Callable[[int], str], bos: int) -> list[TokenLogprob]:
+    """echo with logprobs: a row per prompt token, a leading BOS left out, offsets from the prompt's start.
+    scored[i - 1] is token i's (Context.decode_logprobs); the first row listed has neither a logprob nor
+    alternatives (null in llama-cpp-python's and OpenAI's format, even after a BOS)."""
+    rows, offset = [], 0
+    first = 1 if tokens and tokens[0] == bos else 0
+    for i in range(first, len(tokens)):
+        text = piece(tokens[i])
+        lp, top = scored[i - 1] if i > first else (None, [])
+        rows.append(TokenLogprob(text, offset, lp, tuple((piece(t), v) for t, v in top), tokens[i],
+                                 tuple(t for t, _ in top)))
+        offset += len(text)
+    return rows
+
+
 def completion_logprobs(rows: Sequence[TokenLogprob]) -> dict[str, list[Any]]:
     """llama-cpp-python's (and OpenAI's legacy completions) format: top alternatives as {text: logprob},
-    the token itself included."""
-    tops = []
+    the token itself included; null for a row without either (an echoed prompt's first token)."""
+    tops: list[dict[str, float] | None] = []
     for r in rows:
         alternatives = dict(r.top)
         if r.logprob is not None:
             alternatives[r.text] = r.logprob
-        tops.append(alternatives)
+        tops.append(alternatives if alternatives else None)
     return {"tokens": [r.text for r in rows], "text_offset": [r.offset for r in rows],
             "token_logprobs": [r.logprob for r in rows], "top_logprobs": tops}
 

@@ -169,7 +169,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                         # the parse of the text so far runs off the event loop (and without the GIL)
                         d = delta(event.text) if tools is None else await run_in_threadpool(tools[i].feed, event.text)
                         if d is not None or (want and event.logprobs):  # the piece's logprobs still go out
-                            yield _sse(chunk(d or {}, None, lps=want and logprobs(event.logprobs), index=i))
+                            yield _sse(chunk({} if d is None else d, None, lps=want and logprobs(event.logprobs), index=i))
                     elif isinstance(event, Done):
                         dones[i] = event
                         finish = event.finish_reason
@@ -217,9 +217,6 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> dict[str, Any] | EventSourceResponse:
-        if body.echo and body.logprobs is not None:  # rather than the completion's rows alone, silently
-            raise ApiError(400, "echo with logprobs (the prompt's log-probabilities) is not supported here; "
-                                "pyllama_so.Llama.create_completion has it", param="echo")
         prompts = []
         for one in body.prompts:
             if isinstance(one, str):
@@ -232,7 +229,9 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         echoes = [model.detokenize_bytes(p).decode("utf-8", "replace") if body.echo else "" for p in prompts]
         grammar = await run_in_threadpool(request_grammar, model, body)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        started = runs(body, prompts, token_limit(body), cid, grammar, "prompt")
+        # echo with logprobs: each prompt token's too, ahead of the generated ones' (llama-cpp-python's format)
+        started = runs(body, prompts, token_limit(body), cid, grammar, "prompt",
+                       prompt_logprobs=body.logprobs if body.echo else None)
 
         def choice(text: str, finish: str | None, lps: Any, index: int) -> dict[str, Any]:
             return {"text": text, "index": index, "logprobs": lps or None, "finish_reason": finish}

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from pyllama_so import _llama
-from pyllama_so.logprobs import LogprobRows, TokenLogprob
+from pyllama_so.logprobs import LogprobRows, TokenLogprob, prompt_logprob_rows
 from pyllama_so.prefix import common_prefix
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
@@ -161,6 +161,8 @@ class Job:
     # GBNF text for the slot's sampler (checked before the job is queued), or a tool call's grammar (tool_calls.py)
     grammar: str | dict[str, Any] | None = None
     logprobs: int | None = None  # the top logprobs of each generated token, or None
+    # the top logprobs of each prompt token (echo with logprobs): the whole prompt evaluated, each token scored
+    prompt_logprobs: int | None = None
     ignore_eos: bool = False  # end-of-generation tokens are never sampled (llama-server's ignore_eos)
     id_slot: int | None = None  # the slot that must run it (llama-server's id_slot); None: any free slot
     cache_prompt: bool = True  # False: evaluate the whole prompt, whatever the slot holds
@@ -855,7 +857,17 @@ class Engine:
         slot = max(free, key=choice)
         prefix = prefixes[slot.id]
         keep = min(prefix, len(job.prompt) - 1) if job.cache_prompt else 0  # one token gives the logits
-        if keep < len(slot.tokens):
+        scored: list[TokenLogprob] = []
+        t_scored = time.perf_counter()
+        if job.prompt_logprobs is not None:
+            try:
+                scored = self._score_prompt(slot, job)
+            except (_llama.LlamaError, ValueError) as e:
+                sampler.free()
+                self._end(job, Failed(f"the prompt could not be scored: {e}"))
+                return
+            keep = len(slot.tokens)
+        elif keep < len(slot.tokens):
             try:
                 self.ctx.truncate(keep, slot.id)
             except _llama.LlamaError:  # memories that cannot drop a suffix (recurrent) start over
@@ -869,7 +881,7 @@ class Engine:
                                job.stop)
         slot.sent = 0
         slot.logprob_rows = None if job.logprobs is None else LogprobRows(
-            lambda tok: self.model.detokenize_bytes([tok]).decode("utf-8", "ignore"))
+            self._piece, sum(len(r.text) for r in scored))
         slot.sampler = sampler
         slot.n_sampled, slot.continues = 0, False
         slot.sampler.accept(job.prompt)  # penalties and DRY count the prompt, as Llama does
@@ -878,6 +890,35 @@ class Engine:
         slot.t_admitted, slot.t_prompt_start = time.perf_counter(), None
         slot.n_requests += 1
         slot.n_prompt_cached += keep
+        if job.prompt_logprobs is not None:  # evaluated, not reused; its rows ahead of the generated tokens' text
+            slot.cached, slot.evaluated, slot.t_prompt_start = 0, keep, t_scored
+            slot.n_prompt_cached -= keep
+            slot.n_prompt_evaluated += keep
+            self._emit(job, Delta("", tuple(scored), slot=slot.id))
+
+    def _piece(self, tok: int) -> str:
+        """A token's text in a logprobs row (invalid UTF-8 dropped, as llama-cpp-python does)."""
+        return self.model.detokenize_bytes([tok]).decode("utf-8", "ignore")
+
+    def _score_prompt(self, slot: Slot, job: Job) -> list[TokenLogprob]:
+        """echo with logprobs: the whole prompt evaluated into the slot from its start, an output at every token,
+        each token after the first scored from the row before it (Context.decode_logprobs). The slot then holds
+        the prompt but its last token, which the job's first step evaluates again for its logits (a memory
+        that cannot drop it starts over, and the step evaluates the whole prompt)."""
+        assert job.prompt_logprobs is not None
+        self.ctx.truncate(0, slot.id)
+        slot.tokens.clear()
+        try:
+            scored = self.ctx.decode_logprobs(job.prompt, job.prompt_logprobs, seq_id=slot.id)
+        except BaseException:
+            self.ctx.truncate(0, slot.id)
+            raise
+        try:
+            self.ctx.truncate(len(job.prompt) - 1, slot.id)
+            slot.tokens.extend(job.prompt[:-1])
+        except _llama.LlamaError:
+            self.ctx.truncate(0, slot.id)
+        return prompt_logprob_rows(job.prompt, scored, self._piece, self.model.token_bos)
 
     def _fail_step(self, items: list[tuple[Slot, Job, Any, bool]], error: Exception) -> None:
         """A llama_decode of items failed: end the requests of its slots that still hold them, then publish."""
