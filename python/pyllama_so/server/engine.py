@@ -858,8 +858,8 @@ class Engine:
         prefix = prefixes[slot.id]
         keep = min(prefix, len(job.prompt) - 1) if job.cache_prompt else 0  # one token gives the logits
         scored: list[TokenLogprob] = []
-        t_scored = time.perf_counter()
         if job.prompt_logprobs is not None:
+            t_scored = time.perf_counter()
             try:
                 scored = self._score_prompt(slot, job)
             except (_llama.LlamaError, ValueError) as e:
