@@ -426,6 +426,18 @@ def _native_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def _settled_threads(quiet_s: float = 0.2, limit_s: float = 10.0) -> int:
+    """The thread count once it has not changed for quiet_s: the workers of contexts freed by earlier tests
+    exit after free() returns."""
+    deadline = time.monotonic() + limit_s
+    n, since = _native_threads(), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < quiet_s:
+        time.sleep(0.01)
+        if (m := _native_threads()) != n:
+            n, since = m, time.monotonic()
+    return n
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
 def test_sampling_threads_are_kept_between_steps_and_end_with_the_context(tiny_model: Path) -> None:
     """A step's rows are sampled on worker threads the context keeps: a thread count changed between steps
@@ -435,7 +447,7 @@ def test_sampling_threads_are_kept_between_steps_and_end_with_the_context(tiny_m
     try:
         def samplers() -> list[_llama.Sampler]:
             return [_llama.Sampler(model, SamplingParams(seed=s, temperature=1.0), n_ctx=256) for s in range(4)]
-        before = _native_threads()
+        before = _settled_threads()
         ctx = _llama.Context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_threads=1)
         runs = []
         for counts in ([1] * 8, [2, 4, 1, 3, 4, 2, 1, 4]):
