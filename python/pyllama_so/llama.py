@@ -580,14 +580,23 @@ class Llama:
         self._tokens.extend(tokens)
         return logits
 
-    def _prefill(self, tokens: list[int]) -> int:
-        """Bring the context to `tokens`, reusing the common cached prefix; the last token's logits stay in
-        the context (output -1) for the sampler. Returns how many tokens were evaluated."""
+    def _prompt_context(self, tokens: list[int]) -> _llama.Context:
+        """The generative context, once the prompt is known to be non-empty and to fit in it."""
         _, ctx = self._generative()
         if not tokens:
             raise ValueError("the prompt is empty")
         if len(tokens) > ctx.n_ctx:
             raise ContextFullError(f"the prompt has {len(tokens)} tokens but n_ctx is {ctx.n_ctx}")
+        return ctx
+
+    def _piece(self, tok: int) -> str:
+        """A token's text in a logprobs row (invalid UTF-8 dropped, as llama-cpp-python does)."""
+        return self._text([tok]).decode("utf-8", "ignore")
+
+    def _prefill(self, tokens: list[int]) -> int:
+        """Bring the context to `tokens`, reusing the common cached prefix; the last token's logits stay in
+        the context (output -1) for the sampler. Returns how many tokens were evaluated."""
+        ctx = self._prompt_context(tokens)
         keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)  # always evaluate one token: its logits
         if keep < len(self._tokens):
             try:
@@ -792,7 +801,7 @@ class Llama:
             self._from_cache(prompt_tokens)
         # a tool call's output keeps special tokens' text: a format's markers may be such
         text = TextStream(functools.partial(self._text, special=isinstance(grammar, ToolCallGrammar)), stops)
-        pending = LogprobRows(lambda tok: self._text([tok]).decode("utf-8", "ignore"), prompt_len) \
+        pending = LogprobRows(self._piece, prompt_len) \
             if n_logprobs is not None else None
         sent = 0
         for tok, lp in self._steps(prompt_tokens, max_tokens, seed, True, grammar, n_logprobs, logits_processor,
@@ -825,16 +834,11 @@ class Llama:
     def _prompt_logprobs(self, tokens: list[int], n_top: int) -> dict[str, list[Any]]:
         """echo=True with logprobs: the prompt evaluated from its start with an output at every token, each
         token scored from the row before it in C (Context.decode_logprobs), in llama-cpp-python's format."""
-        _, ctx = self._generative()
-        if not tokens:
-            raise ValueError("the prompt is empty")
-        if len(tokens) > ctx.n_ctx:
-            raise ContextFullError(f"the prompt has {len(tokens)} tokens but n_ctx is {ctx.n_ctx}")
+        ctx = self._prompt_context(tokens)
         self.reset()
         scored = ctx.decode_logprobs(tokens, n_top, rows=self._scores_rows()[:len(tokens)] if self._logits_all else None)
         self._tokens.extend(tokens)
-        rows = prompt_logprob_rows(tokens, scored, lambda tok: self._text([tok]).decode("utf-8", "ignore"),
-                                   self.token_bos())
+        rows = prompt_logprob_rows(tokens, scored, self._piece, self.token_bos())
         return completion_logprobs(rows)
 
     def _from_cache(self, prompt_tokens: Sequence[int]) -> None:
