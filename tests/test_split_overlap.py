@@ -144,6 +144,47 @@ def test_the_ubatches_of_one_call_alternate_whatever_their_sizes() -> None:
     assert got == calls
 
 
+def _lane_ubatches(ctx: _llama.Context, decode) -> tuple[list[int], np.ndarray]:
+    before = ctx.split_overlap_stats()["ubatches"]
+    logits = decode()
+    after = ctx.split_overlap_stats()["ubatches"]
+    return [b - a for a, b in zip(before, after)], logits
+
+
+def test_a_call_of_one_sequence_is_cut_into_equal_ubatches_for_both_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """256 tokens at n_ubatch 96 would be 96, 96 and 64 (two ubatches on one lane, one on the other): with
+    the lanes they are four of 64, two a lane, bitwise the output of no lanes at n_ubatch 64. Several
+    sequences in a call keep llama.cpp's cut (by sequence sets, where a smaller size adds ubatches)."""
+    devices = virtual_devices(2)
+    model = testing.arch_model("llama", False, devices, "tensor")
+    try:
+        out = {}
+        for so, n_ubatch in ((True, 96), (False, 64), (False, 96)):
+            ctx = _llama.Context(model, n_ctx=512, n_batch=256, n_ubatch=n_ubatch, n_seq_max=2, split_overlap=so,
+                                 n_threads=1)
+            try:
+                lanes, one = _lane_ubatches(ctx, lambda: ctx.decode(_TOKENS[:256], all_logits=True))
+                # two sequences of 100 tokens: split_equal at 96 gives 48 + 48 twice and 4 + 4
+                ctx.clear(True)
+                two, _ = _lane_ubatches(ctx, lambda: ctx.decode_batch(
+                    [(0, _TOKENS[:100], True), (1, _TOKENS[100:200], True)]))
+                out[so, n_ubatch] = one
+                if so:
+                    assert lanes == [2, 2] and sorted(two) == [1, 2], (lanes, two)
+            finally:
+                ctx.free()
+        assert same_bits(out[True, 96], out[False, 64])
+        assert np.allclose(out[True, 96], out[False, 96], atol=1e-3)  # another cut, same model
+        monkeypatch.setenv("LLAMA_SPLIT_OVERLAP_EQUAL_UBATCHES", "0")  # llama.cpp's cut: 96, 96 and 64
+        ctx = _llama.Context(model, n_ctx=512, n_batch=256, n_ubatch=96, split_overlap=True, n_threads=1)
+        try:
+            assert _lane_ubatches(ctx, lambda: ctx.decode(_TOKENS[:256]))[0] == [2, 1]
+        finally:
+            ctx.free()
+    finally:
+        model.free()
+
+
 def test_each_lane_reserves_a_full_ubatch_of_compute_buffers() -> None:
     devices = virtual_devices(2)
     sizes = {}

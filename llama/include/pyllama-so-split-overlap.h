@@ -9,6 +9,10 @@
 // tokens and a prompt piece runs on both lanes). A call's first ubatch runs on lane 0 when it has fewer than
 // LLAMA_SPLIT_OVERLAP_MIN_TOKENS tokens (decoding), else on next_lane, which carries the alternation over
 // from the calls before. Encoding, and every ubatch with backend samplers, run on lane 0.
+// A llama_decode call of one sequence with more than n_ubatch tokens is cut into an even number of equal
+// ubatches (at most n_ubatch, a multiple of LLAMA_SPLIT_OVERLAP_UBATCH_ALIGN but for the last), so that
+// both lanes get the same work: the output is then bitwise that of no lanes at that ubatch size.
+// LLAMA_SPLIT_OVERLAP_EQUAL_UBATCHES=0 in the environment keeps llama.cpp's cut (n_ubatch, then the rest).
 
 #include "llama.h"
 
@@ -19,7 +23,8 @@
 extern "C" {
 #endif
 
-#define LLAMA_SPLIT_OVERLAP_MIN_TOKENS 64
+#define LLAMA_SPLIT_OVERLAP_MIN_TOKENS   64
+#define LLAMA_SPLIT_OVERLAP_UBATCH_ALIGN 32
 
 // why the lanes are off
 enum llama_split_overlap_reason {

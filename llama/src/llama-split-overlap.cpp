@@ -8,6 +8,9 @@
 
 #include "ggml-backend-meta-lanes.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 static const char * reason_text(int32_t reason) {
@@ -71,6 +74,9 @@ void llama_split_overlap::init(llama_context & ctx, const llama_context_params &
         }
     }
 
+    const char * equal = getenv("LLAMA_SPLIT_OVERLAP_EQUAL_UBATCHES"); // 0: llama.cpp's cut, to compare
+    so->equal_ubatches = equal == nullptr || strcmp(equal, "0") != 0;
+
     if (so->enabled) {
         LLAMA_LOG_INFO("%s: split overlap: consecutive ubatches alternate between two lanes\n", __func__);
     } else {
@@ -94,6 +100,26 @@ void llama_split_overlap::activate(llama_context & ctx, int lane) {
     std::swap(ctx.gf_res_prev_active, stash.gf_res_prev_active);
     ctx.backend_ptrs[i_meta] = ctx.backends[i_meta].get();
     active = lane;
+}
+
+uint32_t llama_split_overlap::ubatch_size(const llama_context & ctx, const llama_batch & batch) const {
+    const uint32_t n_ubatch = ctx.cparams.n_ubatch;
+    const uint32_t n_tokens = batch.n_tokens;
+    if (!enabled || !equal_ubatches || !ctx.sampling.samplers.empty() || n_tokens <= n_ubatch) {
+        return n_ubatch;
+    }
+    // several sequences are cut by sequence sets (split_equal), where a smaller size can add ubatches
+    for (uint32_t i = 0; i < n_tokens; i++) {
+        if (batch.n_seq_id[i] != 1 || batch.seq_id[i][0] != batch.seq_id[0][0]) {
+            return n_ubatch;
+        }
+    }
+    // llama.cpp's cut gives the lanes unequal work and a short last ubatch: 2048 tokens at -ub 640 are 640, 640,
+    // 640 and 128 (1280 and 768 tokens a lane), at -ub 768 768, 768 and 512; four of 512 give each lane the same
+    uint32_t n_split = (n_tokens + n_ubatch - 1) / n_ubatch;
+    n_split += n_split % 2;
+    const uint32_t size = GGML_PAD((n_tokens + n_split - 1) / n_split, LLAMA_SPLIT_OVERLAP_UBATCH_ALIGN);
+    return std::min(size, n_ubatch);
 }
 
 void llama_split_overlap::select(llama_context & ctx, const llama_ubatch & ubatch, bool first) {

@@ -38,6 +38,7 @@ struct llama_split_overlap {
     bool    call_large = false; // the current llama_decode call has had a large ubatch
     size_t  i_meta    = 0;     // index of the Meta backend in backends / backend_ptrs
     bool    reserving = false; // inside after_reserve
+    bool    equal_ubatches = true; // ubatch_size() evens out a call's ubatches (LLAMA_SPLIT_OVERLAP_EQUAL_UBATCHES)
     lane    stash;             // the inactive lane
     ggml_backend_t metas[2] = { nullptr, nullptr };
     uint64_t ubatches[2] = { 0, 0 };
@@ -46,6 +47,9 @@ struct llama_split_overlap {
     static void init(llama_context & ctx, const llama_context_params & params);
 
     void activate(llama_context & ctx, int lane);                     // make `lane` the active one
+    // the ubatch size of a llama_decode call: n_ubatch, or for a batch of one sequence that takes several
+    // ubatches, an even number of equal ones (at most n_ubatch), so that both lanes get the same work
+    uint32_t ubatch_size(const llama_context & ctx, const llama_batch & batch) const;
     // pick the lane of a decode ubatch; first: the first ubatch of its llama_decode call
     void select(llama_context & ctx, const llama_ubatch & ubatch, bool first);
     void after_reserve(llama_context & ctx);                          // reserve the inactive lane too
