@@ -24,13 +24,14 @@ def test_cpu_rows(tiny_model: Path, tmp_path: Path) -> None:
     res = _run("cpu", tiny_model, tmp_path)
     assert res.returncode == 0, res.stderr
     records = [json.loads(line) for line in (tmp_path / "precision.jsonl").read_text().splitlines()]
-    assert [r["row"] for r in records] == ["CPU -ub 512 (reference)", "CPU -ub 64", "Meta 2 CPUV", "Meta 2 CPUV -so 1",
+    assert [r["row"] for r in records] == ["CPU -ub 512 (reference)", "CPU -ub 64", "CPU -fa off", "Meta 2 CPUV",
+                                           "Meta 2 CPUV -so 1",
                                            "Meta 3 CPUV", "Meta 3 CPUV -so 1", "Meta 2 CPUV -as 1/0",
                                            "Meta 2 CPUV -as 0/1"]
     assert records[0]["kld"] is None and all(r["n_chunk"] == 2 for r in records)
     for r in records[1:]:  # F16 random weights: rounding only
         assert r["kld"]["kld_max"] < 1e-4 and r["kld"]["same_top"] == 1.0, r
-    assert records[3]["split_overlap_stats"]["enabled"]
+    assert records[4]["split_overlap_stats"]["enabled"]
     table = res.stdout.splitlines()
     assert table[0].startswith("| model | configuration | mean KLD") and len(table) == 2 + len(records)
 
@@ -55,7 +56,7 @@ def test_unknown_row_and_missing_model(tiny_model: Path, tmp_path: Path) -> None
 @pytest.mark.gpu
 @pytest.mark.parametrize(("rows", "n_rows", "close_row"), [
     ("gpu", 7, "tensor, copy engines (BF16 wire, F32 sum)"),  # BF16 on the wire, near the F32 reductions
-    ("gpu-one", 6, "tensor, F32 reductions"),  # against one CUDA device (its own -ub 64 row included)
+    ("gpu-one", 9, "tensor, F32 reductions"),  # against one CUDA device (its own -ub and -fa rows included)
 ])
 def test_gpu_rows(tiny_model: Path, tmp_path: Path, rows: str, n_rows: int, close_row: str) -> None:
     """Two CUDA devices: every row of the set runs, and the row named stays close to the reference."""
