@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from logits_reference import log_softmax
 from pyllama_so import models
 
 WORKER = Path(__file__).with_name("real_model_worker.py")
@@ -82,12 +83,6 @@ def run_job(job: Job, tmp_path: Path, timeout: float = 600, env: dict[str, str] 
         info = json.loads(str(z["info"]))
         return Result(z["logits"], info["split_overlap_stats"], info["toggle_ok"], info["roundtrip_equal"],
                       info["generated"])
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    x -= x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
 def kld(ref: np.ndarray, x: np.ndarray) -> float:

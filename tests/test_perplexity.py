@@ -17,6 +17,7 @@ import pytest
 from pyllama_so import _llama, synth
 from pyllama_so.perplexity import TEXT, Settings, run
 from pyllama_so.perplexity.base_file import BaseFile, scored_per_chunk
+from logits_reference import log_softmax
 from real_models import real_model
 
 N_CTX = 64
@@ -27,12 +28,6 @@ TEXT_HEAD = TEXT.read_text(encoding="utf-8")[:6000]  # several chunks of 64 toke
 def other_tiny(model_dir: Path) -> Path:
     """The tiny shape with other random weights: same vocabulary, other distributions."""
     return synth.write_model(model_dir / "tiny-f16-seed1.gguf", "tiny", "f16", seed=1, quiet=True)
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x -= x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
 def _direct_logits(model_path: Path, tokens: np.ndarray, n_chunk: int) -> list[np.ndarray]:
@@ -69,7 +64,7 @@ def test_scores_the_second_half_of_each_chunk(tiny_model: Path) -> None:
     first = N_CTX // 2
     want = []
     for i, logits in enumerate(_direct_logits(tiny_model, tokens, 3)):
-        lp = _log_softmax(logits[first:N_CTX - 1])
+        lp = log_softmax(logits[first:N_CTX - 1])
         targets = tokens[i * N_CTX + first + 1:(i + 1) * N_CTX]
         want.append(-lp[np.arange(len(targets)), targets])
     np.testing.assert_allclose(s.nll, np.concatenate(want), rtol=1e-9, atol=1e-9)
@@ -84,7 +79,7 @@ def test_every_whole_chunk_by_default(tiny_model: Path) -> None:
 
 
 def _kld_full(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
-    lp, lq = _log_softmax(p_logits), _log_softmax(q_logits)
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
     return (np.exp(lp) * (lp - lq)).sum(axis=-1)
 
 

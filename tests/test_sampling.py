@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from cuda_devices import cuda_device_count
+from logits_reference import generation_rows, log_softmax
 from pyllama_so import Llama, LlamaGrammar, _llama
 from pyllama_so.sampling import SamplingParams
 
@@ -42,12 +43,6 @@ def greedy_by_eval(llm: Llama, prompt: list[int], n: int) -> list[int]:
         logits = llm.eval([tok])[-1]
     llm.reset()
     return out
-
-
-def log_softmax(row: np.ndarray) -> np.ndarray:
-    x = row.astype(np.float64)
-    m = x.max()
-    return x - (m + np.log(np.exp(x - m).sum()))
 
 
 @pytest.mark.parametrize("model", ["tiny", "small"])
@@ -173,8 +168,7 @@ def test_logprobs_equal_log_softmax_of_eval(llm: Llama) -> None:
     assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == len(PROMPT)
     prompt = llm.tokenize(PROMPT)
     tokens = list(llm.generate(prompt, max_tokens=6, temperature=0, stop_on_eog=False))
-    llm.reset()
-    rows = llm.eval(prompt + tokens[:-1])[len(prompt) - 1:]
+    rows = generation_rows(llm, prompt, tokens)
     ctx = llm.context
     for i, (tok, row) in enumerate(zip(tokens, rows)):
         ref = log_softmax(row)

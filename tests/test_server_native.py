@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pytest
 from cuda_devices import cuda_device_count
+from logits_reference import generation_rows, log_softmax
 from prometheus_client.parser import text_string_to_metric_families
 from pyllama_so import Llama, _llama, synth
 from pyllama_so.server.__main__ import main as server_main
@@ -49,11 +50,6 @@ def metrics(s: Server, key: str) -> dict[str, float]:
     r = httpx.get(f"{s.url}/metrics", headers={"X-Api-Key": key})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text
     return {sample.name: sample.value for family in text_string_to_metric_families(r.text) for sample in family.samples}
-
-
-def log_softmax(row: np.ndarray) -> np.ndarray:
-    row = row.astype(np.float64)
-    return row - row.max() - np.log(np.exp(row - row.max()).sum())
 
 
 # -- /completion --
@@ -102,8 +98,7 @@ def test_n_probs_are_the_log_softmax_of_the_logits(server: Server, llm: Llama) -
     out = server.post("/completion", body).json()
     probs, tokens = out["completion_probabilities"], out["tokens"]
     assert len(probs) == len(tokens) == 6
-    llm.reset()
-    logits = llm.eval(prompt + tokens[:-1])[len(prompt) - 1:]
+    logits = generation_rows(llm, prompt, tokens)
     for p, tok, row in zip(probs, tokens, logits):
         want = log_softmax(row)
         top = np.argsort(-want, kind="stable")[:3]
