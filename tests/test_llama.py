@@ -128,7 +128,9 @@ def test_max_tokens_none_0_and_negative_mean_to_the_end_of_the_context(tiny_mode
     with Llama(tiny_model, n_ctx=256) as llm:
         prompt = llm.tokenize("abc")
         to_the_end = list(llm.generate(prompt, max_tokens=None, temperature=0.0, stop_on_eog=False))
-        assert len(prompt) + len(to_the_end) == 256 + 1  # the last token is not decoded
+        assert len(prompt) + len(to_the_end) == 256  # prompt and completion fill the context exactly
+        llm.reset()
+        llm.eval(prompt + to_the_end)  # so the text can be evaluated in it, as with llama-cpp-python
         for n in (0, -1, -100):
             assert list(llm.generate(prompt, max_tokens=n, temperature=0.0, stop_on_eog=False)) == to_the_end, n
         want = llm.create_completion("abc", max_tokens=None, temperature=0.0)

@@ -677,7 +677,8 @@ class Llama:
                     return
                 yield tok, lp
                 produced += 1
-                if len(self._tokens) >= ctx.n_ctx or (max_tokens is not None and produced >= max_tokens):
+                # prompt and completion fit in the context, as in llama-cpp-python (the last token is not decoded)
+                if len(self._tokens) + 1 >= ctx.n_ctx or (max_tokens is not None and produced >= max_tokens):
                     return
                 if slow:
                     ctx.prefill([tok])
@@ -818,7 +819,7 @@ class Llama:
         produced = text.tokens
         if text.stopped:
             finish = "stop"
-        elif (max_tokens is not None and len(produced) >= max_tokens) or self.n_tokens >= self.n_ctx():
+        elif (max_tokens is not None and len(produced) >= max_tokens) or self.n_tokens + 1 >= self.n_ctx():
             finish = "length"
         else:
             finish = "stop"  # end-of-generation token
