@@ -25,9 +25,8 @@ def test_cpu_rows(tiny_model: Path, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     records = [json.loads(line) for line in (tmp_path / "precision.jsonl").read_text().splitlines()]
     assert [r["row"] for r in records] == ["CPU -ub 512 (reference)", "CPU -ub 64", "CPU -fa off", "Meta 2 CPUV",
-                                           "Meta 2 CPUV -so 1",
-                                           "Meta 3 CPUV", "Meta 3 CPUV -so 1", "Meta 2 CPUV -as 1/0",
-                                           "Meta 2 CPUV -as 0/1"]
+                                           "Meta 2 CPUV -so 1", "Meta 3 CPUV", "Meta 3 CPUV -so 1",
+                                           "Meta 2 CPUV -as 1/0", "Meta 2 CPUV -as 0/1"]
     assert records[0]["kld"] is None and all(r["n_chunk"] == 2 for r in records)
     for r in records[1:]:  # F16 random weights: rounding only
         assert r["kld"]["kld_max"] < 1e-4 and r["kld"]["same_top"] == 1.0, r

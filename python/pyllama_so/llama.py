@@ -677,7 +677,7 @@ class Llama:
                     return
                 yield tok, lp
                 produced += 1
-                # prompt and completion fit in the context, as in llama-cpp-python (the last token is not decoded)
+                # prompt and completion fill the context at most (llama-cpp-python's cap); the last token is not decoded
                 if len(self._tokens) + 1 >= ctx.n_ctx or (max_tokens is not None and produced >= max_tokens):
                     return
                 if slow:
