@@ -90,6 +90,14 @@ def unique_tokens(seed: int, n: int) -> list[int]:
     return [1] + np.random.default_rng(1000 + seed).integers(3, 500, n - 1).tolist()
 
 
+def clear_slot_caches(server: Server, seed: int) -> None:
+    """Every slot then holds a unique prompt, so that the next request evaluates its prompt (but BOS) whatever the
+    requests before: a prompt found in a slot's cache has its last token evaluated alone, and a batch of one token
+    can take other kernels than a longer one (the next sampled text then drifts)."""
+    r = server.post("/v1/completions", {"prompt": unique_tokens(seed, 8), "n": 4, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+
+
 # -- the shared flags --
 
 def test_model_flags_come_from_one_table(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,7 +215,7 @@ def test_completion_to_the_end_of_the_slot_equals_llama(server: Server, llm: Lla
     got = (body["choices"][0]["text"], body["choices"][0]["finish_reason"], body["usage"]["prompt_tokens"],
            body["usage"]["completion_tokens"])
     assert got == reference(llm, prompt, max_tokens) == reference(llm, prompt, None)
-    assert got[1] == "length" and got[2] + got[3] == SLOT_CTX + 1  # the last token is sent, not decoded
+    assert got[1] == "length" and got[2] + got[3] == SLOT_CTX  # prompt and completion fill the slot
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -739,17 +747,20 @@ def test_n_choices_are_the_requests_with_the_next_seeds(server: Server) -> None:
     chat likewise."""
     body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
             "seed": 40, "ignore_eos": True}
+    clear_slot_caches(server, 400)
     r = server.post("/v1/completions", {**body, "n": 3})
     assert r.status_code == 200, r.text
     out = r.json()
     assert [c["index"] for c in out["choices"]] == [0, 1, 2]
     alone = [c["text"] for c in out["choices"]]
     assert len(set(alone)) > 1  # the seeds make different texts, or the checks would not tell
+    clear_slot_caches(server, 401)
     later = server.post("/v1/completions", {**body, "n": 3, "seed": 41}).json()
     assert [c["text"] for c in later["choices"]][:2] == alone[1:]
     assert out["usage"]["completion_tokens"] == 24
     assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + 24
 
+    clear_slot_caches(server, 402)
     texts: dict[int, str] = {0: "", 1: "", 2: ""}
     finished: set[int] = set()
     usage = None
@@ -770,8 +781,10 @@ def test_n_choices_are_the_requests_with_the_next_seeds(server: Server) -> None:
     assert usage is not None and usage["completion_tokens"] == 24
 
     chat = {"messages": MESSAGES, "max_tokens": 6, "temperature": 1.0, "top_k": 0, "seed": 7, "ignore_eos": True}
+    clear_slot_caches(server, 403)
     both = server.post("/v1/chat/completions", {**chat, "n": 2}).json()
     assert [c["index"] for c in both["choices"]] == [0, 1]
+    clear_slot_caches(server, 404)
     later = server.post("/v1/chat/completions", {**chat, "n": 2, "seed": 8}).json()
     assert both["choices"][1]["message"]["content"] == later["choices"][0]["message"]["content"]
     assert both["choices"][0]["message"]["content"] != both["choices"][1]["message"]["content"]
@@ -782,13 +795,18 @@ def test_several_prompts_give_their_choices_in_order(server: Server) -> None:
     reversed gives them reversed), each what that prompt alone gets with n 2; the usage counts each prompt once."""
     body = {"max_tokens": 6, "temperature": 1.0, "top_k": 0, "seed": 11, "ignore_eos": True}
     texts = ["The quick brown fox", "Hello there, how are"]
-    out = server.post("/v1/completions", {**body, "prompt": texts, "n": 2}).json()
+
+    def complete(prompt: str | list[str] | list[list[int]], clear: int) -> dict[str, Any]:
+        clear_slot_caches(server, clear)
+        return server.post("/v1/completions", {**body, "prompt": prompt, "n": 2}).json()
+
+    out = complete(texts, 410)
     assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
     got = [c["text"] for c in out["choices"]]
     assert len(set(got)) == 4  # two prompts, two seeds each
-    back = server.post("/v1/completions", {**body, "prompt": texts[::-1], "n": 2}).json()
+    back = complete(texts[::-1], 411)
     assert [c["text"] for c in back["choices"]] == got[2:] + got[:2]  # steps of the same shape: the same bits
-    alone = [server.post("/v1/completions", {**body, "prompt": t, "n": 2}).json() for t in texts]
+    alone = [complete(t, 412 + i) for i, t in enumerate(texts)]
     if not cuda_device_count():
         # steps of two tokens instead of four: the CPU's kernels give the same bits (one token would not, on some
         # CPUs), CUDA's do not (other kernels by batch size), and a sampled text then drifts
@@ -796,8 +814,7 @@ def test_several_prompts_give_their_choices_in_order(server: Server) -> None:
     assert out["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
     assert out["usage"]["completion_tokens"] == 24
     ids = [server.post("/tokenize", {"content": t, "add_special": True}).json()["tokens"] for t in texts]  # as the text path
-    by_ids = server.post("/v1/completions", {**body, "prompt": ids, "n": 2}).json()
-    assert [c["text"] for c in by_ids["choices"]] == got
+    assert [c["text"] for c in complete(ids, 414)["choices"]] == got
 
 
 def test_openai_client_raises_bad_request(server: Server) -> None:

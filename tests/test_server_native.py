@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyllama_so import Llama, _llama, synth
 from pyllama_so.server.__main__ import main as server_main
 from pyllama_so.server.engine import Delta, Done, Engine, Event, Job
-from test_server import MAIN_ARGS, PROMPT, SLOT_CTX, Server, llm, reference, server, unique_tokens  # noqa: F401
+from test_server import (MAIN_ARGS, PROMPT, SLOT_CTX, Server, clear_slot_caches, llm, reference, server,  # noqa: F401
+                         unique_tokens)
 
 SEEDED = {"temperature": 1.2, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 11}
 LOGPROB_TOLERANCE = 2e-3 if cuda_device_count() else 1e-4  # CUDA: other kernels for other batch shapes
@@ -132,7 +133,7 @@ def test_n_predict_zero_and_minus_one(server: Server) -> None:
     full = server.post("/completion", {"prompt": unique_tokens(102, 200), "n_predict": -1, "temperature": 0,
                                        "ignore_eos": True}).json()
     assert (full["stop_type"], full["truncated"]) == ("limit", True)
-    assert full["tokens_evaluated"] + full["tokens_predicted"] == SLOT_CTX + 1
+    assert full["tokens_evaluated"] + full["tokens_predicted"] == SLOT_CTX  # as llama-server: they fill the slot
     alias = server.post("/completion", {"prompt": prompt, "max_tokens": 3, "ignore_eos": True}).json()
     assert alias["tokens_predicted"] == 3 and alias["generation_settings"]["n_predict"] == 3
 
@@ -215,21 +216,29 @@ def test_a_job_for_a_busy_slot_waits_without_holding_back_others(tiny_model: Pat
 
 
 def test_n_cmpl_gives_an_array_of_the_requests_with_the_next_seeds(server: Server) -> None:
-    """n_cmpl 3 (or OpenAI's n as its fallback): an array of three results, index 0..2, each what one request
-    gets with seed 11, 12, 13; streamed, each event names its completion's index."""
+    """n_cmpl 3 (or OpenAI's n as its fallback): an array of three results, index 0..2, sampled with seed 11, 12
+    and 13 (a request with seed 12 gives results 1 and 2 first: steps of the same shape, the same bits on any
+    backend); streamed, each event names its completion's index."""
     body = {"prompt": PROMPT, "n_predict": 6, **SEEDED, "ignore_eos": True}
-    alone = [server.post("/completion", {**body, "seed": 11 + i}).json()["content"] for i in range(3)]
-    assert len(set(alone)) > 1
-    out = server.post("/completion", {**body, "n_cmpl": 3}).json()
+
+    def complete(clear: int, **kw: Any) -> Any:
+        clear_slot_caches(server, clear)
+        return server.post("/completion", {**body, **kw}).json()
+
+    out = complete(420, n_cmpl=3)
     assert isinstance(out, list) and [x["index"] for x in out] == [0, 1, 2]
-    assert [x["content"] for x in out] == alone
-    assert [x["content"] for x in server.post("/completion", {**body, "n": 2}).json()] == alone[:2]
+    got = [x["content"] for x in out]
+    assert len(set(got)) > 1
+    assert [x["content"] for x in complete(421, n_cmpl=3, seed=12)][:2] == got[1:]
+    two = [x["content"] for x in complete(422, n_cmpl=2)]
+    assert [x["content"] for x in complete(423, n=2)] == two
     assert isinstance(server.post("/completion", {**body, "n_cmpl": 1}).json(), dict)
+    clear_slot_caches(server, 424)
     streamed = events(server.post("/completion", {**body, "n_cmpl": 2, "stream": True}))
     texts = {0: "", 1: ""}
     for e in streamed:
         texts[e["index"]] += e["content"]
-    assert [texts[0], texts[1]] == alone[:2]
+    assert [texts[0], texts[1]] == two
     assert sorted(e["index"] for e in streamed if e["stop"]) == [0, 1]
 
 

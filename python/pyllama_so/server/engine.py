@@ -958,8 +958,10 @@ class Engine:
 
     def _within_limits(self, job: Job, n_sampled: int, n_cached: int) -> bool:
         """Whether a slot whose job sampled n_sampled tokens (not counting end-of-generation ones) and whose cache
-        holds n_cached decodes its last token: below max_tokens and the end of the slot's context."""
-        return (job.max_tokens is None or n_sampled < job.max_tokens) and n_cached < self.n_ctx_slot
+        holds n_cached decodes its last token: below max_tokens, and room in the slot's context for that token and
+        the next one, so that prompt and completion fill the slot at most (llama-server's and llama-cpp-python's
+        cap; the last token is sent, not decoded)."""
+        return (job.max_tokens is None or n_sampled < job.max_tokens) and n_cached + 1 < self.n_ctx_slot
 
     def _stream(self, outs: list[tuple[Slot, Job, tuple[int, float | None, Any], float]]) -> None:
         """The text of sampled tokens, in order: emitted as it becomes final; a request ends at an
