@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import pyllama_so
-from pyllama_so import Llama, synth
+from pyllama_so import ContextFullError, Llama, synth
 from pyllama_so.archs import nmse
 
 PROMPT = "The quick brown fox jumps over the lazy dog. 0123456789"
@@ -142,6 +142,22 @@ def test_max_tokens_none_0_and_negative_mean_to_the_end_of_the_context(tiny_mode
                 llm.create_completion("abc", max_tokens=bad)  # type: ignore[arg-type]
             with pytest.raises(ValueError, match="max_tokens"):
                 next(llm.generate(prompt, max_tokens=bad))  # type: ignore[arg-type]
+
+
+def test_a_prompt_that_fills_the_context_is_a_value_error_as_in_llama_cpp_python(tiny_model: Path) -> None:
+    """llama-cpp-python raises ValueError("Requested tokens (N) exceed context window of M") for a prompt of n_ctx
+    tokens or more; ours is also a ContextFullError, and one token less generates one token."""
+    with Llama(tiny_model, n_ctx=256) as llm:
+        for n in (256, 257):
+            for call in (lambda: llm.create_completion([1] * n, max_tokens=4),
+                         lambda: llm.create_completion([1] * n, max_tokens=1, echo=True, logprobs=1),
+                         lambda: next(llm.generate([1] * n))):
+                with pytest.raises(ValueError, match=rf"Requested tokens \({n}\) exceed context window of 256"):
+                    call()
+        with pytest.raises(ContextFullError):
+            llm.create_completion([1] * 256)
+        out = llm.create_completion([1] * 255, max_tokens=4, temperature=0)
+        assert out["usage"]["completion_tokens"] == 1 and out["choices"][0]["finish_reason"] == "length"
 
 
 def test_create_completion(tiny_model: Path) -> None:

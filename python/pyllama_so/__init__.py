@@ -6,6 +6,7 @@ from importlib.metadata import PackageNotFoundError, version as _pkg_version
 
 from pyllama_so._llama import (
     ContextFullError,
+    PromptTooLongError,
     DecodeError,
     LlamaError,
     ModelLoadError,
@@ -44,6 +45,7 @@ __all__ = [
     "LlamaError",
     "ModelLoadError",
     "ContextFullError",
+    "PromptTooLongError",
     "DecodeError",
     "QuantizeError",
     "RPCConnectionError",

@@ -13,6 +13,10 @@ class ContextFullError(LlamaError):
     """The KV cache has no room for the batch: raise n_ctx or clear the context."""
 
 
+class PromptTooLongError(ContextFullError, ValueError):
+    """A prompt that leaves the context no room for a completion (llama-cpp-python raises ValueError there)."""
+
+
 class DecodeError(LlamaError):
     """llama_decode failed for a reason other than a full context."""
 

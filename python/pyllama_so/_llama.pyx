@@ -26,7 +26,7 @@ import os
 import numpy as np
 
 __all__ = [
-    "LlamaError", "ModelLoadError", "ContextFullError", "DecodeError",
+    "LlamaError", "ModelLoadError", "ContextFullError", "PromptTooLongError", "DecodeError",
     "Model", "Context", "devices", "backends", "system_info", "set_log_level", "upstream_version",
     "max_devices", "supports_gpu_offload", "SPLIT_MODES", "FLASH_ATTN", "CACHE_TYPES",
     "QuantizeError", "FTYPES", "quantize_model", "chat_apply_template", "chat_builtin_templates",

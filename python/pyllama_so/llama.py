@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from pyllama_so import _llama, chat_completion
 from pyllama_so import chat_template as templates
-from pyllama_so._llama import ContextFullError, ModelLoadError
+from pyllama_so._llama import ContextFullError, ModelLoadError, PromptTooLongError
 from pyllama_so.chat_template import ChatTemplate
 from pyllama_so.config import ContextParams, ModelParams, check_combination, create_context, load_model
 from pyllama_so.embeddings import embed_tokens, embedding_sequences, normalize as normalize_embedding
@@ -581,12 +581,12 @@ class Llama:
         return logits
 
     def _prompt_context(self, tokens: list[int]) -> _llama.Context:
-        """The generative context, once the prompt is known to be non-empty and to fit in it."""
+        """The generative context, once the prompt is known to be non-empty and to leave room for a token."""
         _, ctx = self._generative()
         if not tokens:
             raise ValueError("the prompt is empty")
-        if len(tokens) > ctx.n_ctx:
-            raise ContextFullError(f"the prompt has {len(tokens)} tokens but n_ctx is {ctx.n_ctx}")
+        if len(tokens) >= ctx.n_ctx:  # llama-cpp-python's check and words (a ValueError there)
+            raise PromptTooLongError(f"Requested tokens ({len(tokens)}) exceed context window of {ctx.n_ctx}")
         return ctx
 
     def _piece(self, tok: int) -> str:
