@@ -723,6 +723,7 @@ def test_load_64_requests_from_8_clients(server: Server, llm: Llama) -> None:
     ("/v1/completions", {"prompt": [[1, 2], [1, 99999]]}, "prompt", None),
     ("/v1/completions", {"prompt": [1, 99999]}, "prompt", None),
     ("/v1/completions", {"prompt": [1] * (SLOT_CTX + 1)}, "prompt", "context_length_exceeded"),
+    ("/v1/completions", {"prompt": [1] * SLOT_CTX}, "prompt", "context_length_exceeded"),  # no room for a token
     ("/v1/chat/completions", {"messages": "hello"}, "messages", None),
     ("/v1/chat/completions", {"messages": []}, "messages", None),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages", None),

@@ -402,10 +402,15 @@ def test_bad_input_is_a_400_in_llama_servers_shape(server: Server, path: str, bo
 
 
 def test_a_prompt_longer_than_the_slot(server: Server) -> None:
-    r = server.post("/completion", {"prompt": [1] * (SLOT_CTX + 1)})
-    assert r.status_code == 400
-    assert r.json()["error"] | {"message": ""} == {"code": 400, "message": "", "type": "exceed_context_size_error",
-                                                   "n_prompt_tokens": SLOT_CTX + 1, "n_ctx": SLOT_CTX}
+    """As llama-server: a prompt of n_ctx tokens or more (no room for a completion) is a 400; n_predict 0 only
+    evaluates the prompt, so a whole slot's worth is fine then."""
+    for n in (SLOT_CTX + 1, SLOT_CTX):
+        r = server.post("/completion", {"prompt": [1] * n})
+        assert r.status_code == 400
+        assert r.json()["error"] | {"message": ""} == {"code": 400, "message": "", "type": "exceed_context_size_error",
+                                                       "n_prompt_tokens": n, "n_ctx": SLOT_CTX}
+    r = server.post("/completion", {"prompt": [1] * SLOT_CTX, "n_predict": 0})
+    assert r.status_code == 200 and r.json()["tokens_evaluated"] == SLOT_CTX
 
 
 def test_infill_without_fim_tokens_and_metrics_off(server: Server) -> None:
