@@ -6,10 +6,10 @@ from importlib.metadata import PackageNotFoundError, version as _pkg_version
 
 from pyllama_so._llama import (
     ContextFullError,
-    PromptTooLongError,
     DecodeError,
     LlamaError,
     ModelLoadError,
+    PromptTooLongError,
     QuantizeError,
     RPCConnectionError,
     backends,

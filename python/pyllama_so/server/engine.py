@@ -470,8 +470,8 @@ class Engine:
         # a completion needs room for one token after the prompt (llama-server refuses n_tokens >= n_ctx);
         # max_tokens 0 only evaluates the prompt into a slot's cache
         if len(job.prompt) > self.n_ctx_slot - (job.max_tokens != 0):
-            raise PromptError(f"the prompt has {len(job.prompt)} tokens but a slot's context holds "
-                              f"{self.n_ctx_slot}" + ("" if job.max_tokens == 0 else ", the completion included"))
+            raise PromptError(f"the prompt has {len(job.prompt)} tokens but a slot's context holds {self.n_ctx_slot}"
+                              + ("" if job.max_tokens == 0 else ", the first generated token included"))
         if job.id_slot is not None and job.id_slot >= self.n_slots:
             raise ValueError(f"id_slot {job.id_slot} out of range: the server has {self.n_slots} slots")
         with self._lock:
