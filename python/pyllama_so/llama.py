@@ -589,6 +589,11 @@ class Llama:
             raise PromptTooLongError(f"Requested tokens ({len(tokens)}) exceed context window of {ctx.n_ctx}")
         return ctx
 
+    def _at_context_end(self, ctx: _llama.Context) -> bool:
+        """After a generated token (yielded, not yet decoded): prompt and completion fill the context, the most
+        they may (llama-cpp-python's cap); the last token is never decoded."""
+        return len(self._tokens) + 1 >= ctx.n_ctx
+
     def _piece(self, tok: int) -> str:
         """A token's text in a logprobs row (invalid UTF-8 dropped, as llama-cpp-python does)."""
         return self._text([tok]).decode("utf-8", "ignore")
@@ -677,8 +682,7 @@ class Llama:
                     return
                 yield tok, lp
                 produced += 1
-                # prompt and completion fill the context at most (llama-cpp-python's cap); the last token is not decoded
-                if len(self._tokens) + 1 >= ctx.n_ctx or (max_tokens is not None and produced >= max_tokens):
+                if self._at_context_end(ctx) or (max_tokens is not None and produced >= max_tokens):
                     return
                 if slow:
                     ctx.prefill([tok])
@@ -819,7 +823,7 @@ class Llama:
         produced = text.tokens
         if text.stopped:
             finish = "stop"
-        elif (max_tokens is not None and len(produced) >= max_tokens) or self.n_tokens + 1 >= self.n_ctx():
+        elif (max_tokens is not None and len(produced) >= max_tokens) or self._at_context_end(self._parts()[1]):
             finish = "length"
         else:
             finish = "stop"  # end-of-generation token

@@ -64,7 +64,11 @@ class QueueFull(Exception):
 
 
 class PromptError(ValueError):
-    """A prompt the engine cannot take: empty, or longer than a slot's context."""
+    """A prompt the engine cannot take: empty, or too long for a slot's context (too_long)."""
+
+    def __init__(self, message: str, *, too_long: bool = False) -> None:
+        super().__init__(message)
+        self.too_long = too_long
 
 
 class EngineStopped(RuntimeError):
@@ -471,7 +475,7 @@ class Engine:
         # max_tokens 0 only evaluates the prompt into a slot's cache
         if len(job.prompt) > self.n_ctx_slot - (job.max_tokens != 0):
             raise PromptError(f"the prompt has {len(job.prompt)} tokens but a slot's context holds {self.n_ctx_slot}"
-                              + ("" if job.max_tokens == 0 else ", the first generated token included"))
+                              + ("" if job.max_tokens == 0 else ", the first generated token included"), too_long=True)
         if job.id_slot is not None and job.id_slot >= self.n_slots:
             raise ValueError(f"id_slot {job.id_slot} out of range: the server has {self.n_slots} slots")
         with self._lock:

@@ -105,9 +105,8 @@ class Run:
         except EngineStopped as e:
             raise ApiError(503, str(e), code="unavailable") from None
         except PromptError as e:
-            too_long = len(prompt) >= engine.n_ctx_slot  # the other prompt error is an empty prompt
-            raise ApiError(400, str(e), param=prompt_param, code=CONTEXT_EXCEEDED if too_long else None,
-                           details={"n_prompt_tokens": len(prompt), "n_ctx": engine.n_ctx_slot} if too_long
+            raise ApiError(400, str(e), param=prompt_param, code=CONTEXT_EXCEEDED if e.too_long else None,
+                           details={"n_prompt_tokens": len(prompt), "n_ctx": engine.n_ctx_slot} if e.too_long
                            else None) from None
 
     async def __aiter__(self) -> AsyncIterator[Event]:
