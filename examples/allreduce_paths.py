@@ -2,7 +2,8 @@
 
 Under `split_mode="tensor"` the GPUs add their partial results twice per layer. The CUDA backend routes
 each reduction to a path: `ce` (copy engines through pinned host memory), `nccl`, `internal` (upstream's
-2-GPU pipeline) or `fallback` (see docs/multi-gpu.md). This example reads `allreduce_stats()` before and
+2-GPU pipeline), `ll` (small reductions with the copy engines on: data and flags in one store) or `fallback`
+(see docs/multi-gpu.md). This example reads `allreduce_stats()` before and
 after a prompt, and again around single-token decodes (as in generation), once with automatic routing
 and once with the copy engines forced (`configure_allreduce(copy_engines=True)`). The setting is read
 when a context is created, so configure_allreduce comes before each Llama, and each setting gets its

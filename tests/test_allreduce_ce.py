@@ -1,4 +1,5 @@
-"""Copy-engine AllReduce (ggml/src/ggml-cuda/allreduce-ce.cu): exactness, routing, knobs, races.
+"""Copy-engine and low-latency AllReduce (ggml/src/ggml-cuda/allreduce-ce.cu, allreduce-ll.cu): exactness,
+routing, knobs, races.
 
 GPU tests run reductions on host data through a fresh CUDA comm context on devices 0 and 1
 (pyllama_so.bench.allreduce_rig.allreduce_run) and compare with an exact numpy emulation: each side rounded
@@ -25,7 +26,8 @@ SLOT_ELEMS = 4 * 1024 * 1024 // 2  # one slot (the per-round buffer) in BF16 ele
 MIN_BYTES_DEFAULT = 512 * 1024
 
 KNOBS = (allreduce.ENV_ALLREDUCE, allreduce.ENV_CE, allreduce.ENV_CE_MIN_BYTES, allreduce.ENV_CE_CHUNK_BYTES,
-         "GGML_CUDA_AR_CE_FAIL_ALLOC", "GGML_CUDA_AR_HOST_WAIT")
+         "GGML_CUDA_AR_CE_FAIL_ALLOC", "GGML_CUDA_AR_HOST_WAIT", allreduce.ENV_LL_MAX_BYTES, "GGML_CUDA_AR_BF16_THRESHOLD")
+LL_MAX_BYTES_DEFAULT = 256 * 1024
 
 
 needs_two_gpus = pytest.mark.skipif(not two_cuda_gpus(), reason="needs a CUDA build and 2 CUDA devices")
@@ -55,9 +57,11 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
     return (h << 16).view(np.float32)
 
 
-def emulate(a0: np.ndarray, a1: np.ndarray, inactive: int = 0) -> np.ndarray:
-    p0 = np.zeros_like(a0) if inactive & 1 else bf16_round(a0)
-    p1 = np.zeros_like(a1) if inactive & 2 else bf16_round(a1)
+def emulate(a0: np.ndarray, a1: np.ndarray, inactive: int = 0, bf16: bool = True) -> np.ndarray:
+    """Each part rounded to BF16 (bf16=False: F32 on the wire, as with GGML_CUDA_AR_BF16_THRESHOLD=0), summed in F32."""
+    wire = bf16_round if bf16 else (lambda x: np.asarray(x, dtype=np.float32))
+    p0 = np.zeros_like(a0) if inactive & 1 else wire(a0)
+    p1 = np.zeros_like(a1) if inactive & 2 else wire(a1)
     with np.errstate(over="ignore", invalid="ignore"):
         return (p0 + p1).astype(np.float32)
 
@@ -102,7 +106,7 @@ def force_ce(knobs: pytest.MonkeyPatch) -> None:
 
 def test_stats_api_shape() -> None:
     st = allreduce.allreduce_stats()
-    assert set(st.paths) == {"ce", "nccl", "internal", "fallback"}
+    assert set(st.paths) == {"ce", "nccl", "internal", "fallback", "ll"}
     assert st.available == allreduce.allreduce_available()
     if not st.available:
         assert st.total_calls == 0 and st.ce_rounds == 0 and st.ce_buffer_allocs == 0
@@ -343,6 +347,7 @@ def test_race_hunt_internal_pipeline(knobs: pytest.MonkeyPatch, host_wait: str, 
     threshold), which reuses its two staging slots without waiting on the host (GGML_CUDA_AR_HOST_WAIT=1: with
     upstream's wait). Each must equal its own emulation (BF16 on the wire, summed in F32) bitwise."""
     knobs.setenv("GGML_CUDA_AR_CE", "1")  # small reductions then go to the internal pipeline, also with peer access
+    knobs.setenv("GGML_CUDA_AR_LL_MAX_BYTES", "0")  # ... and not to the low-latency path
     knobs.setenv("GGML_CUDA_AR_HOST_WAIT", host_wait)
     rng = np.random.default_rng(n + n_alt + int(host_wait))
     a0 = rng.standard_normal(n * n_iter).astype(np.float32)
@@ -356,6 +361,103 @@ def test_race_hunt_internal_pipeline(knobs: pytest.MonkeyPatch, host_wait: str, 
         assert_bitwise(r0[sl], want[sl], f"reduction {k} ({m} elements)")
     st = allreduce.allreduce_stats()
     assert st.paths["internal"].calls == n_iter and st.paths["ce"].calls == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the low-latency path (small reductions where the copy engines are on)
+
+LL_SIZES = [1, 2, 3, 4, 5, 7, 1001, 4096, 4097, 5120, LL_MAX_BYTES_DEFAULT // 4 - 1, LL_MAX_BYTES_DEFAULT // 4]
+
+
+def use_ll(knobs: pytest.MonkeyPatch, bf16: bool = True) -> None:
+    """Copy engines on (the H200s have peer access), so reductions up to the default size take the low-latency path;
+    bf16=False: F32 on the wire (upstream's GGML_CUDA_AR_BF16_THRESHOLD=0, which the path follows)."""
+    knobs.setenv("GGML_CUDA_AR_CE", "1")
+    if not bf16:
+        knobs.setenv("GGML_CUDA_AR_BF16_THRESHOLD", "0")
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+@pytest.mark.parametrize("bf16", [True, False])
+@pytest.mark.parametrize("n", LL_SIZES)
+def test_ll_bitwise(knobs: pytest.MonkeyPatch, n: int, bf16: bool) -> None:
+    """Every size up to the default limit, odd tails (4 BF16 or 2 F32 elements per 16-byte line), special values."""
+    use_ll(knobs, bf16)
+    a0, a1 = special_data(n, 11), special_data(n, 12)
+    r0, r1 = allreduce_rig.allreduce_run(a0, a1)
+    assert_same_on_both(r0, r1)
+    assert_bitwise(r0, emulate(a0, a1, bf16=bf16), f"n={n}")
+    st = allreduce.allreduce_stats()
+    assert st.paths["ll"].calls == 1 and st.paths["ll"].bytes == 4 * n and st.total_calls == 1
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+@pytest.mark.parametrize("inactive", [1, 2, 3])
+@pytest.mark.parametrize("n", [5, 4096])
+def test_ll_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive: int, n: int) -> None:
+    use_ll(knobs)
+    a0, a1 = special_data(n, 13), special_data(n, 14)
+    if inactive & 1:
+        a0[:] = np.nan
+    if inactive & 2:
+        a1[:] = np.nan
+    r0, r1 = allreduce_rig.allreduce_run(a0, a1, inactive=inactive)
+    assert_same_on_both(r0, r1)
+    assert_bitwise(r0, emulate(a0, a1, inactive), f"inactive={inactive}")
+    assert allreduce.allreduce_stats().paths["ll"].calls == 1
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+@pytest.mark.parametrize("bf16", [True, False])
+@pytest.mark.parametrize("n, n_alt, n_iter", [(4096, 0, 1024), (4096, 1001, 512), (LL_MAX_BYTES_DEFAULT // 4, 3, 64)])
+def test_race_hunt_ll(knobs: pytest.MonkeyPatch, n: int, n_alt: int, n_iter: int, bf16: bool) -> None:
+    """A decode's reductions back to back without host syncs: the two slots are rewritten every other reduction,
+    with no host wait; each reduction must equal its own emulation bitwise."""
+    use_ll(knobs, bf16)
+    rng = np.random.default_rng(n + n_alt + bf16)
+    a0 = rng.standard_normal(n * n_iter).astype(np.float32)
+    a1 = rng.standard_normal(n * n_iter).astype(np.float32)
+    r0, r1 = allreduce_rig.allreduce_run(a0, a1, n_iter=n_iter, n_alt=n_alt)
+    want = emulate(a0, a1, bf16=bf16)
+    for k in range(n_iter):
+        m = n_alt if n_alt and k % 2 else n
+        sl = slice(k * n, k * n + m)
+        assert_same_on_both(r0[sl], r1[sl])
+        assert_bitwise(r0[sl], want[sl], f"reduction {k} ({m} elements)")
+    assert allreduce.allreduce_stats().paths["ll"].calls == n_iter
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_ll_routing_by_size_and_knob(knobs: pytest.MonkeyPatch) -> None:
+    """GGML_CUDA_AR_LL_MAX_BYTES is the largest F32 tensor it takes; 0 (configure_allreduce(ll_max_bytes=0)) or the
+    copy engines off: none."""
+    use_ll(knobs)
+    knobs.setenv("GGML_CUDA_AR_LL_MAX_BYTES", str(4 * 1000))
+    for n in (1000, 1001):
+        allreduce_rig.allreduce_run(np.ones(n, np.float32), np.ones(n, np.float32))
+    st = allreduce.allreduce_stats()
+    assert st.paths["ll"].calls == 1 and st.paths["ll"].bytes == 4000
+    assert st.paths["internal"].calls + st.paths["nccl"].calls == 1
+
+    for knob_args in ({"copy_engines": True, "ll_max_bytes": 0}, {"copy_engines": False}):
+        allreduce.configure_allreduce(**knob_args)
+        allreduce.reset_allreduce_stats()
+        r0, _ = allreduce_rig.allreduce_run(np.ones(64, np.float32), np.full(64, 2.0, np.float32))
+        np.testing.assert_array_equal(r0, 3.0)
+        st = allreduce.allreduce_stats()
+        assert st.paths["ll"].calls == 0 and st.paths["internal"].calls + st.paths["nccl"].calls == 1, knob_args
+
+
+@pytest.mark.parametrize("kwargs", [{"ll_max_bytes": -1}, {"ll_max_bytes": (4 << 20) + 1}, {"ll_max_bytes": 1.0}])
+def test_configure_allreduce_validates_ll_max_bytes(knobs: pytest.MonkeyPatch, kwargs: dict) -> None:
+    with pytest.raises(TypeError if isinstance(kwargs["ll_max_bytes"], float) else ValueError):
+        allreduce.configure_allreduce(**kwargs)
+    allreduce.configure_allreduce(ll_max_bytes=0)
+    assert os.environ["GGML_CUDA_AR_LL_MAX_BYTES"] == "0"
 
 
 @pytest.mark.parametrize("kwargs", [{"n_alt": -1}, {"n_alt": 5}, {"n_iter": 0}, {"n_iter": 3}])
@@ -384,3 +486,25 @@ def test_greedy_tokens_equal_on_every_path(knobs: pytest.MonkeyPatch, tiny_model
         elif name == "nccl":  # NCCL, or the internal pipeline where NCCL is not built or not there (one GPU as two)
             assert st.paths["ce"].calls == 0 and st.paths["nccl"].calls + st.paths["internal"].calls > 0
     assert runs["ce"] == runs["nccl"] == runs["default"]
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_decode_logits_of_the_low_latency_path_equal_the_copy_engines(knobs: pytest.MonkeyPatch,
+                                                                      tiny_model: Path) -> None:
+    """Both paths round each part to BF16 and add in F32 without flushing denormals, so a model's logits under
+    -sm tensor are bitwise the same whether a decode's reductions take the low-latency path (the default) or the
+    copy engines (min_bytes=1). The tiny model's reductions are all small: every one takes the path of its run."""
+    runs = {}
+    for name, knob_args in {"ll": {"copy_engines": True}, "ce": {"copy_engines": True, "min_bytes": 1}}.items():
+        allreduce.configure_allreduce(**knob_args)
+        allreduce.reset_allreduce_stats()
+        with Llama(tiny_model, split_mode="tensor", n_ctx=256, n_batch=64, flash_attn=True) as llm:
+            tokens = llm.tokenize("the quick brown fox")
+            rows = [llm.eval(tokens)[-1]]
+            for _ in range(16):
+                rows.append(llm.eval([int(np.argmax(rows[-1]))])[-1])
+            runs[name] = np.stack(rows)
+        st = allreduce.allreduce_stats()
+        assert st.paths[name].calls > 0 and st.paths[name].calls == st.total_calls, st
+    assert np.array_equal(runs["ll"].view(np.uint32), runs["ce"].view(np.uint32))

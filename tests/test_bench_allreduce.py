@@ -38,6 +38,12 @@ def test_sweep_paths_set_only_the_chunk_size() -> None:
     assert ar.PATHS["ce"][0]["GGML_CUDA_AR_CE_CHUNK_BYTES"] is None
     # the NCCL and internal paths switch the copy engines off
     assert ar.PATHS["nccl"][0]["GGML_CUDA_AR_CE"] == "0" and ar.PATHS["internal"][0]["GGML_CUDA_AR_CE"] == "0"
+    # the low-latency path: the copy engines on, but for no size, and every size up to the limit on it
+    ll = ar.PATHS["ll"][0]
+    assert ll["GGML_CUDA_AR_CE"] == "1" and int(ll["GGML_CUDA_AR_CE_MIN_BYTES"]) > ar.LL_MAX_BYTES_LIMIT
+    assert ll["GGML_CUDA_AR_LL_MAX_BYTES"] == str(4 << 20)
+    # every other path leaves the low-latency limit at its default
+    assert all(env["GGML_CUDA_AR_LL_MAX_BYTES"] is None for name, (env, _) in ar.PATHS.items() if name != "ll")
 
 
 def test_environ_restores_every_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,7 +56,7 @@ def test_environ_restores_every_variable(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @pytest.mark.parametrize("args", [["--devices", "0,0"], ["--devices", "0"], ["--iters", "0"], ["--warmup", "-1"],
-                                  ["--worker", "nope"]])
+                                  ["--worker", "nope"], ["--paths", "ll,nope"], ["--paths", ""]])
 def test_bad_arguments_exit_2(args: list[str]) -> None:
     with pytest.raises(SystemExit) as e:
         ar.main(args)
@@ -149,3 +155,10 @@ def test_gpu_cli_measures_every_path(tmp_path: Path) -> None:
     for path in ("ceiling", "ce", "internal"):
         assert "error" not in results[path] and "warning" not in results[path], (path, results[path])
         assert len(results[path]["us"]) == 1 and results[path]["us"][0] > 0, (path, results[path])
+    # a decode's sizes on the low-latency path and the internal pipeline
+    assert ar.main(["--sizes", "8K,32K", "--warmup", "1", "--iters", "3", "--paths", "ll,internal", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"ceiling", "ll", "internal"}
+    for path in ("ll", "internal"):
+        assert "error" not in results[path] and "warning" not in results[path], (path, results[path])
+        assert results[path]["paths_counted"] == {path: 2 * (1 + 3 + 3)}, (path, results[path])

@@ -52,14 +52,15 @@ def test_allreduce_paths_prints_counts_per_path_for_both_settings(tiny_model: Pa
     out = run_example("allreduce_paths.py", "--model", tiny_model, "--prompt-tokens", "128", "--decode-tokens", "2",
                       "--n-ubatch", "64")
     header = next(line for line in out.splitlines() if line.startswith("copy engines"))
-    assert header.split()[-4:] == ["ce", "nccl", "internal", "fallback"], out
+    n = len(allreduce.PATHS)
+    assert header.split()[-n:] == ["ce", "nccl", "internal", "fallback", "ll"], out
     rows = [line.split() for line in out.splitlines() if line.startswith(("auto ", "forced "))]
     assert [(r[0], r[1]) for r in rows] == [("auto", "prompt"), ("auto", "decode"),
                                             ("forced", "prompt"), ("forced", "decode")], out
-    assert all(all(c.isdigit() for c in r[-4:]) for r in rows), out
+    assert all(all(c.isdigit() for c in r[-n:]) for r in rows), out
     if not allreduce.allreduce_available():  # a CPU build: nothing counts the CPU virtual devices' reductions
         assert "this build has no CUDA backend: the counters stay at 0" in out
-        assert all(r[-4:] == ["0"] * 4 for r in rows), out
+        assert all(r[-n:] == ["0"] * n for r in rows), out
 
 
 def test_ubatch_sweep_writes_a_png(tiny_model: Path, tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ enum pyllama_so_ar_path {
     PYLLAMA_SO_AR_PATH_NCCL     = 1,
     PYLLAMA_SO_AR_PATH_INTERNAL = 2, // upstream's internal 2-GPU pipeline (allreduce.cu)
     PYLLAMA_SO_AR_PATH_FALLBACK = 3, // declined: the meta backend's generic reduction ran instead
-    PYLLAMA_SO_AR_PATH_COUNT    = 4,
+    PYLLAMA_SO_AR_PATH_LL       = 4, // low latency: data and flags in one store, for small reductions (allreduce-ll.cu)
+    PYLLAMA_SO_AR_PATH_COUNT    = 5,
 };
 
 // Process-wide counters, summed over all comm contexts.

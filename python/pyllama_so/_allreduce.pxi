@@ -9,6 +9,7 @@ cdef extern from "pyllama-so-allreduce.h" nogil:
         PYLLAMA_SO_AR_PATH_NCCL
         PYLLAMA_SO_AR_PATH_INTERNAL
         PYLLAMA_SO_AR_PATH_FALLBACK
+        PYLLAMA_SO_AR_PATH_LL
         PYLLAMA_SO_AR_PATH_COUNT
         PYLLAMA_SO_AR_OK
         PYLLAMA_SO_AR_EINVAL
@@ -34,6 +35,7 @@ _AR_PATH_NAMES = {
     PYLLAMA_SO_AR_PATH_NCCL: "nccl",
     PYLLAMA_SO_AR_PATH_INTERNAL: "internal",
     PYLLAMA_SO_AR_PATH_FALLBACK: "fallback",
+    PYLLAMA_SO_AR_PATH_LL: "ll",
 }
 assert sorted(_AR_PATH_NAMES) == list(range(PYLLAMA_SO_AR_PATH_COUNT)), "a path of the header has no name here"
 ALLREDUCE_PATHS = tuple(_AR_PATH_NAMES[i] for i in range(PYLLAMA_SO_AR_PATH_COUNT))

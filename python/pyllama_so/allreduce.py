@@ -5,8 +5,10 @@ Two GPUs reduce partial results twice per layer. Each reduction runs on one of t
 
 ``ce``        copy engines through pinned host memory (GPUs without peer access, >= 512 KiB)
 ``nccl``      NCCL
-``internal``  llama.cpp's internal 2-GPU pipeline (small reductions next to ``ce``)
+``internal``  llama.cpp's internal 2-GPU pipeline (reductions between the ``ll`` and ``ce`` sizes)
 ``fallback``  declined by the CUDA backend; the meta backend's generic reduction ran
+``ll``        low latency: data and flags in one store through pinned host memory (GPUs without peer
+              access, up to 256 KiB: a decode token's reductions)
 
 Example::
 
@@ -44,8 +46,10 @@ PATHS: tuple[str, ...] = tuple(_llama.ALLREDUCE_PATHS)
 ENV_CE = "GGML_CUDA_AR_CE"
 ENV_CE_MIN_BYTES = "GGML_CUDA_AR_CE_MIN_BYTES"
 ENV_CE_CHUNK_BYTES = "GGML_CUDA_AR_CE_CHUNK_BYTES"
+ENV_LL_MAX_BYTES = "GGML_CUDA_AR_LL_MAX_BYTES"
 ENV_ALLREDUCE = "GGML_CUDA_ALLREDUCE"  # upstream's base path: nccl, internal, none
 CHUNK_BYTES_RANGE = (64 << 10, 4 << 20)
+LL_MAX_BYTES_LIMIT = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,8 @@ class AllReduceParams:
     chunk_bytes: bytes per copy-engine copy, a power of two from 64 KiB to 4 MiB; None = automatic
         (1 MiB below 8 MiB of BF16 payload, 2 MiB from there). Smaller chunks start the receiving
         copies sooner but each copy has a fixed cost.
+    ll_max_bytes: largest reduction (bytes of the F32 tensor) for the low-latency path, where the copy
+        engines are on; None = default (256 KiB); 0 = never (the internal pipeline takes them); at most 4 MiB.
 
     They are not part of config.ModelParams / ContextParams: the CUDA backend reads them only from
     environment variables, once per comm context, when the context is created
@@ -115,12 +121,17 @@ class AllReduceParams:
     copy_engines: bool | None = None
     min_bytes: int | None = None
     chunk_bytes: int | None = None
+    ll_max_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.copy_engines is not None and not isinstance(self.copy_engines, bool):
             raise TypeError(f"copy_engines must be bool or None, not {type(self.copy_engines).__name__}")
         _check_int("min_bytes", self.min_bytes)
         _check_int("chunk_bytes", self.chunk_bytes)
+        _check_int("ll_max_bytes", self.ll_max_bytes)
+        if self.ll_max_bytes is not None and not 0 <= self.ll_max_bytes <= LL_MAX_BYTES_LIMIT:
+            raise ParamError("ll_max_bytes",
+                             f"ll_max_bytes must be from 0 to {LL_MAX_BYTES_LIMIT}, got {self.ll_max_bytes}")
         if self.min_bytes is not None and self.min_bytes < 1:
             raise ParamError("min_bytes", f"min_bytes must be >= 1, got {self.min_bytes}")
         if self.chunk_bytes is not None:
@@ -135,20 +146,21 @@ class AllReduceParams:
             ENV_CE: None if self.copy_engines is None else ("1" if self.copy_engines else "0"),
             ENV_CE_MIN_BYTES: None if self.min_bytes is None else str(self.min_bytes),
             ENV_CE_CHUNK_BYTES: None if self.chunk_bytes is None else str(self.chunk_bytes),
+            ENV_LL_MAX_BYTES: None if self.ll_max_bytes is None else str(self.ll_max_bytes),
         }
 
 
 def configure_allreduce(copy_engines: bool | None = None, min_bytes: int | None = None,
-                        chunk_bytes: int | None = None) -> None:
+                        chunk_bytes: int | None = None, ll_max_bytes: int | None = None) -> None:
     """Set the copy-engine knobs (AllReduceParams) for comm contexts created from now on, through their
-    environment variables (GGML_CUDA_AR_CE, GGML_CUDA_AR_CE_MIN_BYTES, GGML_CUDA_AR_CE_CHUNK_BYTES; a knob
-    left None is unset).
+    environment variables (GGML_CUDA_AR_CE, GGML_CUDA_AR_CE_MIN_BYTES, GGML_CUDA_AR_CE_CHUNK_BYTES,
+    GGML_CUDA_AR_LL_MAX_BYTES; a knob left None is unset).
 
     Must be called before creating a ``Llama`` (or anything else that builds a ``split_mode="tensor"``
     context): the CUDA backend reads the variables when it creates the comm context, not later. Nothing
     is set when a value is refused.
     """
-    set_env(AllReduceParams(copy_engines, min_bytes, chunk_bytes).environment())
+    set_env(AllReduceParams(copy_engines, min_bytes, chunk_bytes, ll_max_bytes).environment())
 
 
 def _check_int(name: str, value: object) -> None:

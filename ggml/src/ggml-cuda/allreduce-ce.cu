@@ -13,6 +13,7 @@
 // a slot is only rewritten after every reader of its previous round has been waited for with an event.
 
 #include "allreduce-ce.cuh"
+#include "allreduce-ll.cuh"
 #include "pyllama-so-allreduce.h"
 #include "pyllama-so-test-hooks.h"
 
@@ -107,6 +108,31 @@ struct ggml_cuda_ce_env_bytes {
     }
 };
 
+// GGML_CUDA_AR_LL_MAX_BYTES: the largest F32 reduction for the low-latency path (allreduce-ll.cu); 0: off.
+static constexpr size_t GGML_CUDA_LL_MAX_BYTES_DEFAULT = 256 * 1024;
+static constexpr size_t GGML_CUDA_LL_MAX_BYTES_LIMIT   = 4 * 1024 * 1024;
+
+static size_t ggml_cuda_ll_env_max_bytes() {
+    const ggml_cuda_ce_env_bytes v("GGML_CUDA_AR_LL_MAX_BYTES");
+    if (v.text == nullptr) {
+        return GGML_CUDA_LL_MAX_BYTES_DEFAULT;
+    }
+    if (!v.ok || v.value > GGML_CUDA_LL_MAX_BYTES_LIMIT) {
+        GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_LL_MAX_BYTES=\"%s\" (expected a byte count from 0 to %zu)\n",
+                      __func__, v.text, GGML_CUDA_LL_MAX_BYTES_LIMIT);
+        return GGML_CUDA_LL_MAX_BYTES_DEFAULT;
+    }
+    return (size_t) v.value;
+}
+
+// Upstream's rule for BF16 on the wire (allreduce.cu reads the same variable): F32 tensors of at least
+// GGML_CUDA_AR_BF16_THRESHOLD bytes (default 1, i.e. all; 0: none). The low-latency path follows it, so that
+// switching it on or off changes no result.
+static size_t ggml_cuda_ll_env_bf16_threshold() {
+    const ggml_cuda_ce_env_bytes v("GGML_CUDA_AR_BF16_THRESHOLD");
+    return v.text != nullptr && v.ok ? (size_t) v.value : 1;
+}
+
 static size_t ggml_cuda_ce_env_min_bytes() {
     const ggml_cuda_ce_env_bytes v("GGML_CUDA_AR_CE_MIN_BYTES");
     if (v.text == nullptr) {
@@ -197,9 +223,16 @@ struct ggml_cuda_ce_router {
     ggml_cuda_ce_device dev[2];
     int  next_slot      = 0; // slots alternate across reductions too
     bool capture_logged = false;
+
+    size_t                  ll_max_bytes      = 0; // small F32 reductions go to the low-latency path; 0: off
+    size_t                  ll_bf16_threshold = 1;
+    ggml_cuda_ll_pipeline * ll                = nullptr; // allocated at the first such reduction
+    bool                    ll_failed         = false;
 };
 
 #if GGML_CUDA_CE_SUPPORTED
+
+#include "allreduce-wire.cuh"
 
 static constexpr size_t  GGML_CUDA_CE_CHUNK_SMALL      = 1024 * 1024;     // automatic chunk size below ...
 static constexpr size_t  GGML_CUDA_CE_CHUNK_LARGE_FROM = 8 * 1024 * 1024; // ... this many BF16 bytes,
@@ -225,26 +258,6 @@ static size_t ggml_cuda_ce_chunk_bytes(const size_t fixed, const size_t wire_byt
         return fixed;
     }
     return wire_bytes >= GGML_CUDA_CE_CHUNK_LARGE_FROM ? GGML_CUDA_CE_CHUNK_LARGE : GGML_CUDA_CE_CHUNK_SMALL;
-}
-
-// Round to nearest even, NaN kept quiet; integer arithmetic so that -use_fast_math cannot change it.
-static __device__ __forceinline__ uint16_t ggml_cuda_ce_f32_to_bf16(const float x) {
-    const uint32_t u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        return (uint16_t) ((u >> 16) | 0x0040u);
-    }
-    return (uint16_t) ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static __device__ __forceinline__ float ggml_cuda_ce_bf16_to_f32(const uint16_t h) {
-    return __uint_as_float((uint32_t) h << 16);
-}
-
-// Plain IEEE add: no .ftz, so denormals survive the -use_fast_math that ggml-cuda is built with.
-static __device__ __forceinline__ float ggml_cuda_ce_add_rn(const float a, const float b) {
-    float r;
-    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
 }
 
 // src == nullptr: inactive shard, contributes zeros.
@@ -461,14 +474,14 @@ static void ggml_cuda_ce_issue(ggml_cuda_ce_router * r, cudaStream_t compute[2],
     }
 }
 
-static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tensors) {
-    cudaStream_t compute[2];
+// The backends' compute streams; false while one of them is capturing a CUDA graph. Events recorded before
+// a capture cannot be waited on inside it, and a captured reduction would replay with a stale token; the meta
+// backend reduces between captured subgraphs, so this is a guard, not a path.
+static bool ggml_cuda_ce_compute_streams(ggml_cuda_ce_router * r, cudaStream_t compute[2]) {
     for (int i = 0; i < 2; ++i) {
         auto * cuda_ctx = static_cast<ggml_backend_cuda_context *>(r->backends[i]->context);
         GGML_ASSERT(cuda_ctx->device == r->dev_ids[i]);
         compute[i] = cuda_ctx->stream();
-        // Events recorded before a capture cannot be waited on inside it; the meta backend reduces
-        // between captured subgraphs, so this is a guard, not a path.
         ggml_cuda_set_device(r->dev_ids[i]);
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         CUDA_CHECK(cudaStreamIsCapturing(compute[i], &capture));
@@ -479,6 +492,14 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
             }
             return false;
         }
+    }
+    return true;
+}
+
+static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tensors) {
+    cudaStream_t compute[2];
+    if (!ggml_cuda_ce_compute_streams(r, compute)) {
+        return false;
     }
 
     if (r->state == GGML_CUDA_CE_STATE_UNALLOCATED) {
@@ -501,6 +522,44 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
     return true;
 }
 
+// Small F32 reductions: the low-latency path, its buffers allocated at the first one.
+static bool ggml_cuda_ll_try(ggml_cuda_ce_router * r, ggml_tensor ** tensors) {
+    cudaStream_t compute[2];
+    if (r->ll_failed || !ggml_cuda_ce_compute_streams(r, compute)) {
+        return false;
+    }
+    if (r->ll == nullptr) {
+        r->ll = ggml_cuda_ll_init(r->dev_ids, r->ll_max_bytes);
+        if (r->ll == nullptr) {
+            r->ll_failed = true;
+            return false;
+        }
+    }
+    float * data[2];
+    bool    active[2];
+    for (int i = 0; i < 2; ++i) {
+        data[i]   = static_cast<float *>(tensors[i]->data);
+        active[i] = (tensors[i]->flags & GGML_TENSOR_FLAG_COMPUTE) != 0;
+    }
+    const size_t nbytes = ggml_nbytes(tensors[0]);
+    const bool   bf16   = r->ll_bf16_threshold > 0 && nbytes >= r->ll_bf16_threshold;
+    return ggml_cuda_ll_allreduce(r->ll, compute, data, active, ggml_nelements(tensors[0]), bf16);
+}
+
+// Teardown: the kernels still queued read and write the pinned lines.
+static void ggml_cuda_ll_release(ggml_cuda_ce_router * r) {
+    if (r->ll == nullptr) {
+        return;
+    }
+    for (int i = 0; i < 2; ++i) {
+        auto * cuda_ctx = static_cast<ggml_backend_cuda_context *>(r->backends[i]->context);
+        ggml_cuda_set_device(r->dev_ids[i]);
+        CUDA_CHECK(cudaStreamSynchronize(cuda_ctx->stream()));
+    }
+    ggml_cuda_ll_free(r->ll);
+    r->ll = nullptr;
+}
+
 #else // !GGML_CUDA_CE_SUPPORTED
 
 static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router *) {
@@ -508,6 +567,13 @@ static void ggml_cuda_ce_free_buffers(ggml_cuda_ce_router *) {
 
 static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router *, ggml_tensor **) {
     return false;
+}
+
+static bool ggml_cuda_ll_try(ggml_cuda_ce_router *, ggml_tensor **) {
+    return false;
+}
+
+static void ggml_cuda_ll_release(ggml_cuda_ce_router *) {
 }
 
 #endif // GGML_CUDA_CE_SUPPORTED
@@ -548,6 +614,8 @@ ggml_cuda_ce_router * ggml_cuda_ce_router_init(
     r->min_bytes  = ggml_cuda_ce_env_min_bytes();
     r->fail_alloc = pyllama_so_test_hook(PYLLAMA_SO_TEST_HOOK_CUDA_AR_CE_FAIL_ALLOC) != 0;
     r->chunk_bytes = ggml_cuda_ce_env_chunk_bytes();
+    r->ll_max_bytes      = ggml_cuda_ll_env_max_bytes();
+    r->ll_bf16_threshold = ggml_cuda_ll_env_bf16_threshold();
 
     const int mode = ggml_cuda_ce_env_mode();
     const char * why = nullptr;
@@ -576,8 +644,8 @@ ggml_cuda_ce_router * ggml_cuda_ce_router_init(
             (void) cudaGetLastError();
         }
     }
-    GGML_LOG_DEBUG("%s: copy-engine AllReduce on for devices %d,%d from %zu bytes%s\n", __func__,
-                   dev_ids[0], dev_ids[1], r->min_bytes, mode == 1 ? " (forced)" : "");
+    GGML_LOG_DEBUG("%s: copy-engine AllReduce on for devices %d,%d from %zu bytes%s, low-latency path up to %zu bytes\n",
+                   __func__, dev_ids[0], dev_ids[1], r->min_bytes, mode == 1 ? " (forced)" : "", r->ll_max_bytes);
     return r;
 }
 
@@ -585,6 +653,7 @@ void ggml_cuda_ce_router_free(ggml_cuda_ce_router * r) {
     if (r == nullptr) {
         return;
     }
+    ggml_cuda_ll_release(r);
     ggml_cuda_ce_free_buffers(r);
     delete r;
 }
@@ -619,6 +688,8 @@ static bool ggml_cuda_ce_try(ggml_cuda_ce_router * r, const int path, ggml_tenso
     switch (path) {
         case PYLLAMA_SO_AR_PATH_CE:
             return ggml_cuda_ce_allreduce(r, tensors);
+        case PYLLAMA_SO_AR_PATH_LL:
+            return ggml_cuda_ll_try(r, tensors);
         case PYLLAMA_SO_AR_PATH_NCCL:
             return r->paths.nccl != nullptr && r->paths.nccl(r->paths.comm_ctx, tensors);
         case PYLLAMA_SO_AR_PATH_INTERNAL:
@@ -639,7 +710,7 @@ bool ggml_cuda_ce_router_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
     }
     const size_t nbytes = tensors[0] != nullptr ? ggml_nbytes(tensors[0]) : 0;
 
-    int order[3];
+    int order[4];
     int n_order = 0;
     if (!r->ce_enabled) {
         // upstream's choice, unchanged: the one path its init chain brought up
@@ -650,6 +721,9 @@ bool ggml_cuda_ce_router_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
             order[n_order++] = PYLLAMA_SO_AR_PATH_NCCL;
             order[n_order++] = PYLLAMA_SO_AR_PATH_INTERNAL;
         } else {
+            if (nbytes <= r->ll_max_bytes) {
+                order[n_order++] = PYLLAMA_SO_AR_PATH_LL;
+            }
             order[n_order++] = PYLLAMA_SO_AR_PATH_INTERNAL;
             order[n_order++] = PYLLAMA_SO_AR_PATH_NCCL;
         }

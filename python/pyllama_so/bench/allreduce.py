@@ -1,6 +1,6 @@
 """AllReduce benchmark for two GPUs: copy engines vs NCCL vs the internal pipeline vs the ceiling.
 
-    python -m pyllama_so.bench.allreduce [--sizes 512K,2M,8M,32M] [--iters 50] [--json OUT]
+    python -m pyllama_so.bench.allreduce [--sizes 512K,2M,8M,32M] [--iters 50] [--paths ce,internal] [--json OUT]
 
 Sizes are the 16-bit payload that crosses between the GPUs (as in docs/benchmarks.md and NCCL's
 algBW); the reduced F32 tensor is twice as large. For each size it times, in one run:
@@ -12,6 +12,8 @@ algBW); the reduced F32 tensor is twice as large. For each size it times, in one
   nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory (in a child process: NCCL
                 reads the variable once per process)
   internal      llama.cpp's internal pipeline (GGML_CUDA_ALLREDUCE=internal)
+  ll            the low-latency path (GGML_CUDA_AR_CE=1, every size up to its 4 MiB limit of F32;
+                with --paths only: python -m pyllama_so.bench.allreduce --sizes 2K,8K,32K --paths ll,internal)
   ceiling       both GPUs copying the payload device->host and host->device at once (pinned),
                 the bound for any reduction through host memory
   ceiling_c<K>k with --ce-sweep: the same traffic issued as copies of K KiB (the copy engines'
@@ -38,7 +40,8 @@ from collections.abc import Sequence
 
 from pyllama_so import _llama
 from pyllama_so import args as A
-from pyllama_so.allreduce import ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES, environ
+from pyllama_so.allreduce import (ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES, ENV_LL_MAX_BYTES,
+                                  LL_MAX_BYTES_LIMIT, environ)
 from pyllama_so.bench import allreduce_rig
 
 DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
@@ -46,8 +49,12 @@ EXIT_SKIPPED = 3  # nothing measured: a CPU build or fewer than two CUDA devices
 SKIPPED = "skipped: needs a CUDA build and 2 CUDA devices"
 
 # path -> (environment for the comm context, the counter that must move)
-_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None}
-_BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_CHUNK_BYTES: None}
+_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None,
+                                  ENV_LL_MAX_BYTES: None}
+_BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_CHUNK_BYTES: None, ENV_LL_MAX_BYTES: None}
+# the copy engines on but above every size (the low-latency path comes after them in the routing)
+_LL_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: str(1 << 40),
+                                  ENV_CE_CHUNK_BYTES: None, ENV_LL_MAX_BYTES: str(LL_MAX_BYTES_LIMIT)}
 SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
 CEILING_CHUNKS_KIB = (256, 512, 1024, 2048)
 # --ce-sweep: the copy engines with each fixed chunk size, and the ceiling issued in chunks
@@ -58,8 +65,10 @@ PATHS: dict[str, tuple[dict[str, str | None], str]] = {
     **{name: ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for name, kib in zip(SWEEP_PATHS, SWEEP_CHUNKS_KIB)},
     "nccl": ({**_BASE_ENV, ENV_ALLREDUCE: "nccl"}, "nccl"),
     "internal": ({**_BASE_ENV, ENV_ALLREDUCE: "internal"}, "internal"),
+    "ll": (_LL_ENV, "ll"),
 }
-ORDER = ("ce", "nccl", "nccl_nop2p", "internal")
+ORDER = ("ce", "nccl", "nccl_nop2p", "internal")  # the default --paths
+CHOICES = (*ORDER, "ll")
 
 
 def parse_size(text: str) -> int:
@@ -136,7 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     cuda = cuda_devices()  # the C side takes CUDA device indices, so args.devices index this list
     results: dict[str, dict[str, object]] = {}
     results["ceiling"] = time_ceiling(args.sizes, args.warmup, args.iters, args.devices)
-    order = list(ORDER)
+    order = list(getattr(args, "paths", None) or ORDER)
     if args.ce_sweep:
         order[1:1] = SWEEP_PATHS
         for name, chunk in CEILING_ROWS.items():
@@ -211,10 +220,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ce-sweep", action="store_true",
                     help="also time the copy engines with fixed chunks of 256 KiB to 4 MiB, and the ceiling "
                          "issued in copies of 256 KiB to 2 MiB")
+    ap.add_argument("--paths", type=A.comma_list(str), default=list(ORDER),
+                    help=f"paths to time, comma-separated, of {','.join(CHOICES)} (default {','.join(ORDER)})")
     ap.add_argument("--worker", choices=sorted(PATHS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if len(args.devices) != 2 or args.devices[0] == args.devices[1]:
         ap.error("--devices needs two different indices")
+    unknown = [p for p in args.paths if p not in CHOICES]
+    if unknown or not args.paths:
+        ap.error(f"--paths: unknown {','.join(unknown) or '(none given)'}; choose from {','.join(CHOICES)}")
 
     if args.worker:
         print(json.dumps(time_path(args.worker, args.sizes, args.warmup, args.iters, args.devices)))
