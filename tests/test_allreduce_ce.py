@@ -27,7 +27,7 @@ MIN_BYTES_DEFAULT = 512 * 1024
 
 KNOBS = (allreduce.ENV_ALLREDUCE, allreduce.ENV_CE, allreduce.ENV_CE_MIN_BYTES, allreduce.ENV_CE_CHUNK_BYTES,
          "GGML_CUDA_AR_CE_FAIL_ALLOC", "GGML_CUDA_AR_HOST_WAIT", allreduce.ENV_LL_MAX_BYTES, "GGML_CUDA_AR_BF16_THRESHOLD")
-LL_MAX_BYTES_DEFAULT = 256 * 1024
+LL_MAX_BYTES_DEFAULT = 64 * 1024
 
 
 needs_two_gpus = pytest.mark.skipif(not two_cuda_gpus(), reason="needs a CUDA build and 2 CUDA devices")
@@ -436,8 +436,8 @@ def test_ll_routing_by_size_and_knob(knobs: pytest.MonkeyPatch) -> None:
     """GGML_CUDA_AR_LL_MAX_BYTES is the largest F32 tensor it takes; 0 (configure_allreduce(ll_max_bytes=0)) or the
     copy engines off: none."""
     use_ll(knobs)
-    knobs.setenv("GGML_CUDA_AR_LL_MAX_BYTES", str(4 * 1000))
-    for n in (1000, 1001):
+    knobs.setenv("GGML_CUDA_AR_LL_MAX_BYTES", str(4 * 1002))
+    for n in (1000, 1004):  # multiples of 16 bytes: the internal pipeline takes no other (no NCCL on one GPU as two)
         allreduce_rig.allreduce_run(np.ones(n, np.float32), np.ones(n, np.float32))
     st = allreduce.allreduce_stats()
     assert st.paths["ll"].calls == 1 and st.paths["ll"].bytes == 4000

@@ -8,7 +8,7 @@ Two GPUs reduce partial results twice per layer. Each reduction runs on one of t
 ``internal``  llama.cpp's internal 2-GPU pipeline (reductions between the ``ll`` and ``ce`` sizes)
 ``fallback``  declined by the CUDA backend; the meta backend's generic reduction ran
 ``ll``        low latency: data and flags in one store through pinned host memory (GPUs without peer
-              access, up to 256 KiB: a decode token's reductions)
+              access, up to 64 KiB: a decode token's reductions)
 
 Example::
 
@@ -110,7 +110,7 @@ class AllReduceParams:
         (1 MiB below 8 MiB of BF16 payload, 2 MiB from there). Smaller chunks start the receiving
         copies sooner but each copy has a fixed cost.
     ll_max_bytes: largest reduction (bytes of the F32 tensor) for the low-latency path, where the copy
-        engines are on; None = default (256 KiB); 0 = never (the internal pipeline takes them); at most 4 MiB.
+        engines are on; None = default (64 KiB); 0 = never (the internal pipeline takes them); at most 4 MiB.
 
     They are not part of config.ModelParams / ContextParams: the CUDA backend reads them only from
     environment variables, once per comm context, when the context is created

@@ -109,7 +109,7 @@ struct ggml_cuda_ce_env_bytes {
 };
 
 // GGML_CUDA_AR_LL_MAX_BYTES: the largest F32 reduction for the low-latency path (allreduce-ll.cu); 0: off.
-static constexpr size_t GGML_CUDA_LL_MAX_BYTES_DEFAULT = 256 * 1024;
+static constexpr size_t GGML_CUDA_LL_MAX_BYTES_DEFAULT = 64 * 1024;
 static constexpr size_t GGML_CUDA_LL_MAX_BYTES_LIMIT   = 4 * 1024 * 1024;
 
 static size_t ggml_cuda_ll_env_max_bytes() {
