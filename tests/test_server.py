@@ -794,7 +794,7 @@ def test_n_choices_are_the_requests_with_the_next_seeds(server: Server) -> None:
 def test_several_prompts_give_their_choices_in_order(server: Server) -> None:
     """A list of prompts (texts, or token id lists) with n 2: choices 2p and 2p + 1 are prompt p's (the list
     reversed gives them reversed), each what that prompt alone gets with n 2; the usage counts each prompt once."""
-    body = {"max_tokens": 6, "temperature": 1.0, "top_k": 0, "seed": 11, "ignore_eos": True}
+    body = {"max_tokens": 6, "temperature": 1.0, "top_k": 0, "seed": 11, "ignore_eos": True, "logprobs": 1}
     texts = ["The quick brown fox", "Hello there, how are"]
 
     def complete(prompt: str | list[str] | list[list[int]], clear: int) -> dict[str, Any]:
@@ -806,7 +806,14 @@ def test_several_prompts_give_their_choices_in_order(server: Server) -> None:
     got = [c["text"] for c in out["choices"]]
     assert len(set(got)) == 4  # two prompts, two seeds each
     back = complete(texts[::-1], 411)
-    assert [c["text"] for c in back["choices"]] == got[2:] + got[:2]  # steps of the same shape: the same bits
+    if cuda_device_count():
+        # the prompts' rows swap places in each step, and CUDA's matrix kernels do not promise the same bits for a
+        # row at another position (seen on one H200: a text drifting after its first tokens); the first token of
+        # each choice is drawn from logits a few ulps apart
+        first = [c["logprobs"]["tokens"][0] for c in out["choices"]]
+        assert [c["logprobs"]["tokens"][0] for c in back["choices"]] == first[2:] + first[:2]
+    else:
+        assert [c["text"] for c in back["choices"]] == got[2:] + got[:2]  # the CPU's kernels: the same bits
     alone = [complete(t, 412 + i) for i, t in enumerate(texts)]
     if not cuda_device_count():
         # steps of two tokens instead of four: the CPU's kernels give the same bits (one token would not, on some
