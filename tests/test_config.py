@@ -182,7 +182,12 @@ def test_allreduce_params_name_the_knob() -> None:
         allreduce.AllReduceParams(min_bytes=0)
     assert e.value.param == "min_bytes"
     assert allreduce.AllReduceParams(copy_engines=False, chunk_bytes=1 << 20).environment() == {
-        allreduce.ENV_CE: "0", allreduce.ENV_CE_MIN_BYTES: None, allreduce.ENV_CE_CHUNK_BYTES: str(1 << 20)}
+        allreduce.ENV_CE: "0", allreduce.ENV_CE_MIN_BYTES: None, allreduce.ENV_CE_CHUNK_BYTES: str(1 << 20),
+        allreduce.ENV_LL_MAX_BYTES: None}
+    with pytest.raises(ParamError, match="ll_max_bytes must be from 0") as e:
+        allreduce.AllReduceParams(ll_max_bytes=-1)
+    assert e.value.param == "ll_max_bytes"
+    assert allreduce.AllReduceParams(ll_max_bytes=0).environment()[allreduce.ENV_LL_MAX_BYTES] == "0"
 
 
 # -- one message from every entry point ------------------------------------------------------------------------

@@ -794,7 +794,7 @@ def test_n_choices_are_the_requests_with_the_next_seeds(server: Server) -> None:
 def test_several_prompts_give_their_choices_in_order(server: Server) -> None:
     """A list of prompts (texts, or token id lists) with n 2: choices 2p and 2p + 1 are prompt p's (the list
     reversed gives them reversed), each what that prompt alone gets with n 2; the usage counts each prompt once."""
-    body = {"max_tokens": 6, "temperature": 1.0, "top_k": 0, "seed": 11, "ignore_eos": True, "logprobs": 1}
+    body = {"max_tokens": 6, "temperature": 1.0, "top_k": 0, "seed": 11, "ignore_eos": True}
     texts = ["The quick brown fox", "Hello there, how are"]
 
     def complete(prompt: str | list[str] | list[list[int]], clear: int) -> dict[str, Any]:
@@ -806,14 +806,12 @@ def test_several_prompts_give_their_choices_in_order(server: Server) -> None:
     got = [c["text"] for c in out["choices"]]
     assert len(set(got)) == 4  # two prompts, two seeds each
     back = complete(texts[::-1], 411)
-    if cuda_device_count():
-        # the prompts' rows swap places in each step, and CUDA's matrix kernels do not promise the same bits for a
-        # row at another position (seen on one H200: a text drifting after its first tokens); the first token of
-        # each choice is drawn from logits a few ulps apart
-        first = [c["logprobs"]["tokens"][0] for c in out["choices"]]
-        assert [c["logprobs"]["tokens"][0] for c in back["choices"]] == first[2:] + first[:2]
-    else:
-        assert [c["text"] for c in back["choices"]] == got[2:] + got[:2]  # the CPU's kernels: the same bits
+    if not cuda_device_count():
+        # the prompts' rows swap places in each step: the CPU's kernels give such a row the same bits, CUDA's do not
+        # (seen on one H200: texts that differ from their first or a later sampled token)
+        assert [c["text"] for c in back["choices"]] == got[2:] + got[:2]
+    echoed = server.post("/v1/completions", {**body, "prompt": texts[::-1], "n": 2, "echo": True}).json()
+    assert [c["text"][:len(texts[0])] for c in echoed["choices"]] == [texts[1][:len(texts[0])]] * 2 + [texts[0]] * 2
     alone = [complete(t, 412 + i) for i, t in enumerate(texts)]
     if not cuda_device_count():
         # steps of two tokens instead of four: the CPU's kernels give the same bits (one token would not, on some
@@ -894,12 +892,12 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(keyed: Server) -> Non
 
 
 def test_a_client_gone_from_a_non_streamed_request_cancels_it(keyed: Server) -> None:
-    """A non-streamed request whose client stops waiting (a 1 s timeout) while it generates is cancelled
-    within about a second, not generated to its end (here the end of the 4096-token slot), and the next
-    request gets the slot at once."""
+    """A non-streamed request whose client stops waiting (a 0.25 s timeout) while it generates is cancelled
+    within about a second, not generated to its end (here the end of the 4096-token slot, which an H200 reaches
+    in about a second), and the next request gets the slot at once."""
     body = {"prompt": unique_tokens(8, 20), "max_tokens": None, "temperature": 0}
     with pytest.raises(httpx.TimeoutException):
-        keyed.post("/v1/completions", body, timeout=1.0)
+        keyed.post("/v1/completions", body, timeout=0.25)
     gone = time.monotonic()
     while keyed.slots()["slots"][0]["state"] != "idle":
         assert time.monotonic() - gone < 2.0, keyed.slots()
