@@ -101,6 +101,14 @@ def force_ce(knobs: pytest.MonkeyPatch) -> None:
     allreduce.configure_allreduce(copy_engines=True, min_bytes=1)
 
 
+def use_ll(knobs: pytest.MonkeyPatch, bf16: bool = True) -> None:
+    """Copy engines on (the H200s have peer access), so reductions up to the default size take the low-latency path;
+    bf16=False: F32 on the wire (upstream's GGML_CUDA_AR_BF16_THRESHOLD=0, which the path follows)."""
+    knobs.setenv("GGML_CUDA_AR_CE", "1")
+    if not bf16:
+        knobs.setenv("GGML_CUDA_AR_BF16_THRESHOLD", "0")
+
+
 # ---------------------------------------------------------------------------------------------
 # CPU: API shape and validation
 
@@ -207,9 +215,14 @@ def test_ce_bitwise_fixed_chunk_sizes(knobs: pytest.MonkeyPatch, n: int, chunk: 
 @pytest.mark.gpu
 @needs_two_gpus
 @pytest.mark.parametrize("inactive", [1, 2, 3])
-@pytest.mark.parametrize("n", [5, CHUNK_ELEMS + 3, 2 * SLOT_ELEMS + 1])
-def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive: int, n: int) -> None:
-    force_ce(knobs)
+@pytest.mark.parametrize("path, n", [("ce", 5), ("ce", CHUNK_ELEMS + 3), ("ce", 2 * SLOT_ELEMS + 1), ("ll", 5),
+                                     ("ll", 4096)])
+def test_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, path: str, inactive: int, n: int) -> None:
+    """The copy engines (every size forced there) and the low-latency path (small sizes)."""
+    if path == "ce":
+        force_ce(knobs)
+    else:
+        use_ll(knobs)
     a0, a1 = special_data(n, 3), special_data(n, 4)
     # an inactive shard's data is garbage; it must not be read
     if inactive & 1:
@@ -219,7 +232,7 @@ def test_ce_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive
     r0, r1 = allreduce_rig.allreduce_run(a0, a1, inactive=inactive)
     assert_same_on_both(r0, r1)
     assert_bitwise(r0, emulate(a0, a1, inactive), f"inactive={inactive}")
-    assert allreduce.allreduce_stats().paths["ce"].calls == 1
+    assert allreduce.allreduce_stats().paths[path].calls == 1
 
 
 @pytest.mark.gpu
@@ -369,14 +382,6 @@ def test_race_hunt_internal_pipeline(knobs: pytest.MonkeyPatch, host_wait: str, 
 LL_SIZES = [1, 2, 3, 4, 5, 7, 1001, 4096, 4097, 5120, LL_MAX_BYTES_DEFAULT // 4 - 1, LL_MAX_BYTES_DEFAULT // 4]
 
 
-def use_ll(knobs: pytest.MonkeyPatch, bf16: bool = True) -> None:
-    """Copy engines on (the H200s have peer access), so reductions up to the default size take the low-latency path;
-    bf16=False: F32 on the wire (upstream's GGML_CUDA_AR_BF16_THRESHOLD=0, which the path follows)."""
-    knobs.setenv("GGML_CUDA_AR_CE", "1")
-    if not bf16:
-        knobs.setenv("GGML_CUDA_AR_BF16_THRESHOLD", "0")
-
-
 @pytest.mark.gpu
 @needs_two_gpus
 @pytest.mark.parametrize("bf16", [True, False])
@@ -390,23 +395,6 @@ def test_ll_bitwise(knobs: pytest.MonkeyPatch, n: int, bf16: bool) -> None:
     assert_bitwise(r0, emulate(a0, a1, bf16=bf16), f"n={n}")
     st = allreduce.allreduce_stats()
     assert st.paths["ll"].calls == 1 and st.paths["ll"].bytes == 4 * n and st.total_calls == 1
-
-
-@pytest.mark.gpu
-@needs_two_gpus
-@pytest.mark.parametrize("inactive", [1, 2, 3])
-@pytest.mark.parametrize("n", [5, 4096])
-def test_ll_inactive_shard_contributes_zeros(knobs: pytest.MonkeyPatch, inactive: int, n: int) -> None:
-    use_ll(knobs)
-    a0, a1 = special_data(n, 13), special_data(n, 14)
-    if inactive & 1:
-        a0[:] = np.nan
-    if inactive & 2:
-        a1[:] = np.nan
-    r0, r1 = allreduce_rig.allreduce_run(a0, a1, inactive=inactive)
-    assert_same_on_both(r0, r1)
-    assert_bitwise(r0, emulate(a0, a1, inactive), f"inactive={inactive}")
-    assert allreduce.allreduce_stats().paths["ll"].calls == 1
 
 
 @pytest.mark.gpu
