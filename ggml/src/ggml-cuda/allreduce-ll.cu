@@ -157,10 +157,6 @@ ggml_cuda_ll_pipeline * ggml_cuda_ll_init(const int dev_ids[2], const size_t max
     return ll;
 }
 
-size_t ggml_cuda_ll_max_bytes(const ggml_cuda_ll_pipeline * ll) {
-    return ll->max_bytes;
-}
-
 bool ggml_cuda_ll_allreduce(ggml_cuda_ll_pipeline * ll, cudaStream_t compute[2], float * data[2],
                             const bool active[2], const int64_t ne, const bool bf16_wire) {
     if (ne <= 0 || (size_t) ne * sizeof(float) > ll->max_bytes || ne > INT_MAX - 4) {
@@ -194,10 +190,6 @@ ggml_cuda_ll_pipeline * ggml_cuda_ll_init(const int *, size_t) {
 }
 
 void ggml_cuda_ll_free(ggml_cuda_ll_pipeline *) {
-}
-
-size_t ggml_cuda_ll_max_bytes(const ggml_cuda_ll_pipeline *) {
-    return 0;
 }
 
 bool ggml_cuda_ll_allreduce(ggml_cuda_ll_pipeline *, cudaStream_t *, float **, const bool *, int64_t, bool) {

@@ -16,9 +16,6 @@ ggml_cuda_ll_pipeline * ggml_cuda_ll_init(const int dev_ids[2], size_t max_bytes
 
 void ggml_cuda_ll_free(ggml_cuda_ll_pipeline * ll);
 
-// Largest F32 reduction (bytes of one device's tensor) the pipeline takes.
-size_t ggml_cuda_ll_max_bytes(const ggml_cuda_ll_pipeline * ll);
-
 // In-place sum of data[0] (device dev_ids[0]) and data[1] (device dev_ids[1]), ne F32 elements each, one
 // kernel per device on its compute stream; active[i] == false: device i contributes zeros. With bf16_wire
 // each part is rounded to BF16 before the sum, as on the other paths. The result is bit-identical on both
