@@ -88,7 +88,8 @@ def test_report_ratios_and_table_with_missing_queued_times(monkeypatch: pytest.M
     monkeypatch.setattr(ar, "time_path", lambda path, *a: {"us": [40.0, 200.0], "host_us": [30.0, 90.0],
                                                           "queued_us": [50.0, None], "paths_counted": {}})
     monkeypatch.setattr(ar, "time_in_child", lambda *a: {"error": "no child here"})
-    args = argparse.Namespace(sizes=sizes, warmup=0, iters=1, devices=[0, 1], ce_sweep=False)
+    args = argparse.Namespace(sizes=sizes, warmup=0, iters=1, devices=[0, 1], ce_sweep=False,
+                              paths=list(ar.ORDER))
     report = ar.run(args)
     ce = report["results"]["ce"]
     assert ce["ratio_to_ceiling"] == [0.5, 0.8]
@@ -117,7 +118,8 @@ def test_sweep_times_the_ceiling_in_each_chunk_size(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(ar, "cuda_devices", lambda: [{"name": "CUDA0"}, {"name": "CUDA1"}])
     monkeypatch.setattr(ar, "time_path", lambda path, *a: {"error": "not timed here"})
     monkeypatch.setattr(ar, "time_in_child", lambda *a: {"error": "not timed here"})
-    args = argparse.Namespace(sizes=[4 << 20], warmup=0, iters=1, devices=[0, 1], ce_sweep=True)
+    args = argparse.Namespace(sizes=[4 << 20], warmup=0, iters=1, devices=[0, 1], ce_sweep=True,
+                              paths=list(ar.ORDER))
     results = ar.run(args)["results"]
     assert seen == [None] + [str(kib << 10) for kib in ar.CEILING_CHUNKS_KIB]
     assert "GGML_CUDA_AR_CE_CHUNK_BYTES" not in os.environ

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     cuda = cuda_devices()  # the C side takes CUDA device indices, so args.devices index this list
     results: dict[str, dict[str, object]] = {}
     results["ceiling"] = time_ceiling(args.sizes, args.warmup, args.iters, args.devices)
-    order = list(getattr(args, "paths", None) or ORDER)
+    order = list(args.paths)
     if args.ce_sweep:
         order[1:1] = SWEEP_PATHS
         for name, chunk in CEILING_ROWS.items():
