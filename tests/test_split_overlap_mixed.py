@@ -65,9 +65,9 @@ def _prompt(seq: int, n: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(100 + seq).integers(1, 127, n)]
 
 
-def _serve(ctx: _llama.Context, model: _llama.Model, seeded: bool, on_step=None) -> list:
+def _serve(ctx: _llama.Context, model: _llama.Model, seeded: bool, on_step=None, chunk: int = N_UBATCH) -> list:
     """Run SCHEDULE as the server's engine does: each step one call with one token per generating sequence and
-    prompt pieces within the budget (n_ubatch while any sequence generates), items in seq_id order. Greedy:
+    prompt pieces within the budget (chunk while any sequence generates), items in seq_id order. Greedy:
     the next token is the argmax of the item's logits (returned: the logits of every step); seeded: each
     sequence's own seeded sampler draws in C (returned: the tokens and their log-probabilities)."""
     slots: dict[int, _Slot] = {}
@@ -83,7 +83,7 @@ def _serve(ctx: _llama.Context, model: _llama.Model, seeded: bool, on_step=None)
                         params = SamplingParams(seed=a.seq + 1, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
                         samplers[a.seq] = _llama.Sampler(model, params, n_ctx=N_CTX // N_SEQ)
             generating = [s for s in slots.values() if not s.pending]
-            budget = min(N_UBATCH, N_BATCH - len(generating)) if generating else N_BATCH
+            budget = min(chunk, N_BATCH - len(generating)) if generating else N_BATCH
             items = [(s.arrival.seq, [s.next_token], True) for s in generating]
             for s in sorted((s for s in slots.values() if s.pending), key=lambda s: s.arrival.step):
                 if budget <= 0:
@@ -128,7 +128,7 @@ def _context(model: _llama.Model, split_overlap: bool) -> _llama.Context:
 
 
 def _run(arch: str, split_overlap: bool, seeded: bool, delays_us: tuple[int, int] = (0, 0), on_step=None,
-         devices: list[int] | None = None):
+         devices: list[int] | None = None, chunk: int = N_UBATCH):
     devices = devices or virtual_devices(2)
     model = testing.arch_model(arch, testing.arch_flags(arch)["moe_mandatory"], devices, "tensor")
     ctx = _context(model, split_overlap)
@@ -136,7 +136,7 @@ def _run(arch: str, split_overlap: bool, seeded: bool, delays_us: tuple[int, int
         for lane, delay in enumerate(delays_us):
             if delay:
                 assert testing.delay_lane(ctx, lane, delay) == len(devices)
-        return _serve(ctx, model, seeded, on_step), ctx.split_overlap_stats()
+        return _serve(ctx, model, seeded, on_step, chunk), ctx.split_overlap_stats()
     finally:
         ctx.free()
         model.free()
@@ -186,6 +186,54 @@ def test_every_mixed_step_runs_on_both_lanes() -> None:
     assert all(n[0] >= 1 and n[1] >= 1 for n, _ in mixed), mixed
     # two mixed steps in a row with the same sequences generating reuse lane 0's graph of their tokens
     assert any(builds[0] == 0 for _, builds in mixed[1:]), mixed
+
+
+def test_a_prompt_piece_of_two_ubatches_gives_each_lane_one() -> None:
+    """With pieces of two ubatches while sequences generate (the server's default under split overlap), a mixed
+    step is the generated tokens' ubatch and two prompt ubatches, alternating: each lane gets a prompt ubatch,
+    whose AllReduces overlap the other's compute (with a piece of one ubatch, one lane only computes the prompt).
+    The logits stay bitwise those of -so 0 with the same pieces."""
+    steps = []
+
+    def record(items, before, after):
+        steps.append((items, [b - a for a, b in zip(before["ubatches"], after["ubatches"])]))
+
+    off, _ = _run("llama", False, False, chunk=2 * N_UBATCH)
+    on, _ = _run("llama", True, False, delays_us=(2000, 0), on_step=record, chunk=2 * N_UBATCH)
+    assert _same(off, on, False)
+    wide = [n for items, n in steps
+            if any(len(toks) == 1 for _, toks, _ in items) and any(len(toks) > N_UBATCH for _, toks, _ in items)]
+    assert len(wide) >= 2, steps
+    # seq 2's first piece while 0 and 1 generate: the tokens' ubatch (with the piece's first token), then the rest
+    # of the piece in two, on lanes a, b, a; later steps have a gap in the generating ids, one ubatch more
+    assert sum(wide[0]) == 3 and min(wide[0]) == 1, wide
+    assert all(sum(n) >= 3 and min(n) >= 1 for n in wide), wide
+
+
+def test_the_engine_takes_one_ubatch_a_lane_while_slots_generate_by_default() -> None:
+    """Engine's prefill_chunk, when not given, is n_ubatch without lanes and one ubatch a lane with them (at most
+    n_batch); a given one is kept."""
+    from pyllama_so.server.engine import Engine
+
+    model = testing.arch_model("llama", False, virtual_devices(2), "tensor")
+    try:
+        for split_overlap, want in ((False, N_UBATCH), (True, min(2 * N_UBATCH, N_BATCH))):
+            ctx = _context(model, split_overlap)
+            try:
+                assert ctx.split_overlap_stats()["enabled"] == split_overlap
+                assert Engine(ctx).prefill_chunk == want
+                assert Engine(ctx, prefill_chunk=40).prefill_chunk == 40
+                assert Engine(ctx, prefill_chunk=10 * N_BATCH).prefill_chunk == N_BATCH
+            finally:
+                ctx.free()
+        ctx = _llama.Context(model, n_ctx=N_CTX, n_batch=N_UBATCH, n_ubatch=N_UBATCH, n_seq_max=N_SEQ,
+                             split_overlap=True, n_threads=1)
+        try:
+            assert Engine(ctx).prefill_chunk == N_UBATCH  # -b = -ub: no room for two
+        finally:
+            ctx.free()
+    finally:
+        model.free()
 
 
 def test_a_mixed_step_does_not_wait_on_the_host_for_its_first_ubatch() -> None:
@@ -281,7 +329,8 @@ def _engine_tokens(arch: str, split_overlap: bool, chain: bool, delays_us: tuple
             if a.step and a.step == step.index + 1:  # type: ignore[attr-defined]
                 engine.submit(job(a))
 
-    engine = Engine(ctx, on_step=on_step, chain_steps=chain)
+    # the same pieces with and without lanes (the default differs), so that the schedules are the same
+    engine = Engine(ctx, on_step=on_step, chain_steps=chain, prefill_chunk=N_UBATCH)
     try:
         for lane, delay in enumerate(delays_us):
             if delay:

@@ -49,8 +49,8 @@ def parser() -> argparse.ArgumentParser:
                     help="requests that may wait for a slot; more get 503 (default 64)")
     ap.add_argument("--prefill-chunk", type=A.positive_int, default=None, metavar="N",
                     help="the most prompt tokens a step takes while slots generate: larger gives prompts more "
-                    "throughput, smaller keeps the generating streams' inter-token latency down (default: -ub; "
-                    "llama-server's schedule is -b)")
+                    "throughput, smaller keeps the generating streams' inter-token latency down (default: -ub, with "
+                    "split overlap on 2 x -ub, one ubatch a lane; at most -b, llama-server's schedule)")
     ap.add_argument("--step-log", type=Path, default=None, metavar="FILE",
                     help="write one JSON line per decode step to FILE: its generating slots, prompt tokens, "
                     "and milliseconds in each phase (what a load's time went to)")
