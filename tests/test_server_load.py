@@ -101,6 +101,15 @@ def test_load_and_mixed_against_our_server(tiny_model: Path, tmp_path: Path) -> 
         assert r["stream_requests"] >= r["concurrency"]
 
 
+def test_a_mixed_scenario_the_slots_cannot_hold_fails_before_any_run(tiny_model: Path) -> None:
+    """3 slots hold 2 streams and a long prompt, not 3: --concurrency 1,3 stops before it measures C=1."""
+    res = run("--server", "ours", "-m", str(tiny_model), "--scenario", "load,mixed", "--concurrency", "1,3",
+              "--requests", "2", "--prompt", "24", "--gen", "4", "--long", "200", "--", *SERVER_FLAGS)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "3 slots: 3 streams and a long prompt need 4" in res.stderr
+    assert " done" not in res.stderr, res.stderr
+
+
 def test_prompts_differ_from_the_first_token_unless_a_prefix_is_shared() -> None:
     mod = load_script()
     p = mod.Prompts(512, 0, seed=3)
