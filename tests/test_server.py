@@ -929,6 +929,8 @@ def answers_with_and_without_split_overlap(model: Path, env: dict[str, str]) -> 
                 answers.append((choice.get("text", choice.get("message", {}).get("content")), r.json()["usage"]))
             results.append(answers)
             lanes.append(s.slots()["split_overlap"])
+            # while slots generate a step takes one ubatch of prompt, with the lanes one a lane
+            assert f"n_ubatch 64, prompt pieces of {64 * (1 + int(so))} while slots generate" in s.log, s.log
     assert results[0] == results[1]
     assert results[0][1][1]["prompt_tokens_details"]["cached_tokens"] == 150
     assert lanes[0]["enabled"] is False

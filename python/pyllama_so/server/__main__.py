@@ -284,8 +284,9 @@ def serve(ns: argparse.Namespace, path: Path, sock: socket.socket, model_params:
         sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         engine.start()
         try:
-            log.info("%s: %d slots of %d tokens, n_batch %d, n_ubatch %d, chat template %s", model_id,
-                     ns.parallel, ctx.n_ctx_seq, ctx.n_batch, ctx.n_ubatch, template.name)
+            log.info("%s: %d slots of %d tokens, n_batch %d, n_ubatch %d, prompt pieces of %d while slots generate, "
+                     "chat template %s", model_id, ns.parallel, ctx.n_ctx_seq, ctx.n_batch, ctx.n_ubatch,
+                     engine.prefill_chunk, template.name)
             if embedder is not None:
                 log.info("embeddings: pooling %s, up to %d tokens per batch", embedder.pooling, embedder.limit)
             log.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, bound)
