@@ -4,10 +4,11 @@ One thread owns the Context. Each step is one llama_decode call holding the next
 generating slot and pieces of the prompts of prefilling slots: while any slot generates, at most
 prefill_chunk prompt tokens (n_ubatch by default: a long prompt delays the running generations by about
 one ubatch per token, not by its whole prefill; with split overlap two ubatches, one a lane, so that the lanes
-overlap in these steps too), otherwise up to n_batch, whose ubatches split overlap alternates between its lanes. A slot keeps the tokens of its last request in its part of the KV cache; a request
-goes to the free slot holding the longest prefix of its prompt, if at least a tenth of it (or to the one
-it names, id_slot, once that is free), and only the rest is evaluated; otherwise, and among equals, to one
-next to the busy slots, since a step takes a ubatch per run of consecutive slot ids.
+overlap in these steps too), otherwise up to n_batch, whose ubatches split overlap alternates between its
+lanes. A slot keeps the tokens of its last request in its part of the KV cache; a request goes to the free
+slot holding the longest prefix of its prompt, if at least a tenth of it (or to the one it names, id_slot,
+once that is free), and only the rest is evaluated; otherwise, and among equals, to one next to the busy
+slots, since a step takes a ubatch per run of consecutive slot ids.
 
 A step is left running on the devices while the thread streams the text of the step before it
 (Context.decode_batch_sample_begin/_end): whether a slot goes on is decided from its sampled token
@@ -366,15 +367,6 @@ def id_runs(ids: Sequence[int]) -> int:
     return sum(1 for a, b in zip([None, *v], v) if a is None or b != a + 1)
 
 
-def default_prefill_chunk(ctx: _llama.Context) -> int:
-    """The prompt tokens of a step while slots generate, when not given: one ubatch, or with split overlap's lanes
-    on one ubatch a lane (at most n_batch). A piece of one ubatch runs on one lane, beside the generated tokens'
-    small ubatch on the other, and gains nothing from the lanes; two overlap one's AllReduces with the other's
-    compute (docs/benchmarks.md, "Mixed load")."""
-    lanes = ctx.split_overlap_stats()["enabled"]
-    return min(ctx.n_ubatch * (2 if lanes else 1), ctx.n_batch)
-
-
 class Engine:
     """The slots of ctx (one per sequence, ctx.n_seq_max of them) and the thread that runs them.
 
@@ -396,10 +388,14 @@ class Engine:
         self.model = ctx.model
         self.n_batch = ctx.n_batch
         self.n_ubatch = ctx.n_ubatch
-        # the most prompt tokens of a step while slots generate (default n_ubatch, with split overlap one ubatch a lane)
+        self._split_overlap = ctx.split_overlap_stats()
+        # the most prompt tokens of a step while slots generate: by default one ubatch, with split overlap's lanes one
+        # a lane (a piece of one ubatch runs on one lane beside the generated tokens' small ubatch, and nothing of the
+        # prompt overlaps it: docs/benchmarks.md, "Mixed load")
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        self.prefill_chunk = min(default_prefill_chunk(ctx) if prefill_chunk is None else prefill_chunk, ctx.n_batch)
+        default_chunk = ctx.n_ubatch * (2 if self._split_overlap["enabled"] else 1)
+        self.prefill_chunk = min(default_chunk if prefill_chunk is None else prefill_chunk, ctx.n_batch)
         if not 0.0 <= prefix_share <= 1.0:
             raise ValueError(f"prefix_share must be in [0, 1], got {prefix_share}")
         self.prefix_share = prefix_share  # 0: a cached prefix never decides the slot
@@ -424,7 +420,6 @@ class Engine:
         # samplers of released slots that wait for no step to run: their step samples with them when it ends,
         # and one in the graph (backend sampling) leaves it only while the context runs nothing
         self._free_after_step: list[_llama.Sampler] = []
-        self._split_overlap = ctx.split_overlap_stats()
         self._done = Counters()  # the fields counted as jobs end and steps run (the rest comes from the slots)
         # the job queue: these fields only under _lock
         self._lock = threading.Condition()
