@@ -29,7 +29,8 @@ from pyllama_so._build_info import UPSTREAM_COMMIT
 from pyllama_so.llama import max_tokens_limit
 from pyllama_so.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from pyllama_so.server import embeddings as embedding_routes
-from pyllama_so.server import errors, native, status
+from pyllama_so.server import errors
+from pyllama_so.server.routers import native, status
 from pyllama_so.server.chat import ChatTemplate
 from pyllama_so.server.cors import cors_options
 from pyllama_so.server.engine import SHUTTING_DOWN, Delta, Done, Engine, Event
