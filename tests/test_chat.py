@@ -17,7 +17,7 @@ import pytest
 from conftest import CHAT_TEMPLATE
 from pyllama_so import Llama, _llama
 from pyllama_so import chat_template as ct
-from pyllama_so.chat_completion import chat_logprobs
+from pyllama_so.generation.responses import chat_logprobs
 
 MESSAGES = [{"role": "user", "content": "Hello there"}]
 # CHAT_TEMPLATE with MESSAGES: the template's BOS, its default system prompt, the user turn, the assistant's start

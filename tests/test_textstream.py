@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pyllama_so import _llama
-from pyllama_so.textstream import CONTEXT, TextStream
+from pyllama_so.generation.text import CONTEXT, TextStream
 
 TEXT = ("The capital of France is Paris. Zürich, São Paulo and 東京 are cities; emoji 🙂🚀 too.\n"
         "  Indented   spaces, tabs\tand \"quotes\" (brackets) don't break it: 3.14159 ... done.")

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from pyllama_so.llama import LlamaState
-from pyllama_so.prefix import common_prefix
+from pyllama_so.generation.sequence import common_prefix
 
 
 class LlamaRAMCache:

@@ -6,11 +6,9 @@
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
 import os
-import time
-import uuid
 import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -20,34 +18,25 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from pyllama_so import _llama, chat_completion
+from pyllama_so import _llama
 from pyllama_so import chat_template as templates
 from pyllama_so._llama import ContextFullError, ModelLoadError, PromptTooLongError
 from pyllama_so.chat_template import ChatTemplate
 from pyllama_so.config import ContextParams, ModelParams, check_combination, create_context, load_model
 from pyllama_so.embeddings import embed_tokens, embedding_sequences, normalize as normalize_embedding
+from pyllama_so.generation import chat, limits, responses, sampler as chains, scoring, sequence
+from pyllama_so.generation.hooks import LogitsProcessor, StoppingCriteria
+from pyllama_so.generation.limits import max_tokens_limit as max_tokens_limit  # the server's schemas import it here
+from pyllama_so.generation.logprobs import completion_logprobs
+from pyllama_so.generation.stream import CompletionStream
+from pyllama_so.generation.text import completion_text, piece_of
 from pyllama_so.grammar import LlamaGrammar, ToolCallGrammar, grammar_text, resolve_grammar
-from pyllama_so.logprobs import (LogitsProcessor, LogprobRows, StoppingCriteria, completion_logprobs,
-                                 prompt_logprob_rows)
-from pyllama_so.prefix import common_prefix
 from pyllama_so.sampling import SamplingParams
-from pyllama_so.textstream import TextStream
-from pyllama_so.tool_calls import ToolCallStream, parse_message, tool_chat, uses_tools
 
 if TYPE_CHECKING:
     from pyllama_so.tokenizer import LlamaTokenizer
 
 _GGUF_MAGIC = b"GGUF"
-
-def max_tokens_limit(max_tokens: int | None) -> int | None:
-    """max_tokens as llama-cpp-python reads it: None, 0 or a negative count generate up to the end of the
-    context (returned as None); a positive count at most that many tokens. The server follows the same
-    rule. ValueError for anything but an integer or None."""
-    if max_tokens is None:
-        return None
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
-        raise ValueError(f"max_tokens must be an integer or None, got {max_tokens!r}")
-    return int(max_tokens) if max_tokens > 0 else None
 
 
 def _check_gguf_file(path: Path) -> None:
@@ -370,14 +359,9 @@ class Llama:
             raise ValueError(f"n_tokens must be an int in [0, {len(self._tokens)}] (the tokens held), got {value!r}")
         if value == len(self._tokens):
             return
-        _, ctx = self._parts()
-        try:
-            ctx.truncate(int(value))
-            del self._tokens[int(value):]
-        except _llama.LlamaError:  # memories that cannot drop a suffix start over
-            self.reset()
+        if sequence.cut(self._parts()[1], 0, self._tokens, int(value)) != value:  # the memory started over
             raise ValueError(f"this model's memory cannot keep only the first {value} tokens: the context "
-                             "was cleared") from None
+                             "was cleared")
 
     @property
     def input_ids(self) -> npt.NDArray[np.intc]:
@@ -458,10 +442,6 @@ class Llama:
         if tokens and tokens[0] == model.token_bos and text.startswith(b" "):
             return text[1:]
         return text
-
-    def _text(self, tokens: Sequence[int], special: bool = False) -> bytes:
-        """Completion text of tokens: llama_detokenize, as the server's (the same text for the same tokens)."""
-        return self._model_part().detokenize_bytes(list(tokens), unparse_special=special)
 
     # -- seeds and state --
 
@@ -585,31 +565,15 @@ class Llama:
         _, ctx = self._generative()
         if not tokens:
             raise ValueError("the prompt is empty")
-        if len(tokens) >= ctx.n_ctx:  # llama-cpp-python's check and words (a ValueError there)
+        if not limits.prompt_fits(len(tokens), ctx.n_ctx):  # llama-cpp-python's words (a ValueError there)
             raise PromptTooLongError(f"Requested tokens ({len(tokens)}) exceed context window of {ctx.n_ctx}")
         return ctx
-
-    def _at_context_end(self, ctx: _llama.Context) -> bool:
-        """After a generated token (yielded, not yet decoded): prompt and completion fill the context, the most
-        they may (llama-cpp-python's cap); the last token is never decoded."""
-        return len(self._tokens) + 1 >= ctx.n_ctx
-
-    def _piece(self, tok: int) -> str:
-        """A token's text in a logprobs row (invalid UTF-8 dropped, as llama-cpp-python does)."""
-        return self._text([tok]).decode("utf-8", "ignore")
 
     def _prefill(self, tokens: list[int]) -> int:
         """Bring the context to `tokens`, reusing the common cached prefix; the last token's logits stay in
         the context (output -1) for the sampler. Returns how many tokens were evaluated."""
         ctx = self._prompt_context(tokens)
-        keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)  # always evaluate one token: its logits
-        if keep < len(self._tokens):
-            try:
-                ctx.truncate(keep)
-                del self._tokens[keep:]
-            except _llama.LlamaError:  # memories that cannot drop a suffix start over
-                self.reset()
-                keep = 0
+        keep = sequence.reuse_prefix(ctx, 0, self._tokens, tokens)
         if self._logits_all:  # every row, as llama-cpp-python's eval; the last stays for the sampler
             self._keep_rows(keep, ctx.decode(tokens[keep:], all_logits=True))
         else:
@@ -627,10 +591,14 @@ class Llama:
                 **sampling: Any) -> _llama.Sampler:
         """A llama.cpp sampler chain for this model (SamplingParams' names; `temp` is an alias of
         `temperature`). The caller frees it, or lets it go."""
+        return self._chain(SamplingParams.from_kwargs(**sampling), seed, grammar)
+
+    def _chain(self, params: SamplingParams, seed: int | None, grammar: str | LlamaGrammar | None) -> _llama.Sampler:
+        """The sampler chain of a call's checked params, seeded with the call's seed (_seed)."""
         model, ctx = self._parts()
-        params = SamplingParams.from_kwargs(seed=self._seed(seed), **sampling)
         text, root = grammar_text(grammar)
-        return _llama.Sampler(model, params, n_ctx=ctx.n_ctx, grammar=text, grammar_root=root)
+        return chains.new_sampler(model, dataclasses.replace(params, seed=self._seed(seed)), n_ctx=ctx.n_ctx,
+                                  grammar=text, grammar_root=root)
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int | None = None, seed: int | None = None,
                  stop_on_eog: bool = True, grammar: str | LlamaGrammar | None = None,
@@ -650,18 +618,20 @@ class Llama:
         grammar (GBNF text or a LlamaGrammar) or response_format (create_completion's) constrain the tokens.
         """
         constraint = _constraint(grammar, response_format)
+        params = SamplingParams.from_kwargs(**sampling)
         for tok, _ in self._steps([int(t) for t in tokens], max_tokens_limit(max_tokens), seed, stop_on_eog, constraint, None,
-                                  logits_processor, stopping_criteria, sampling):
+                                  logits_processor, stopping_criteria, params):
             yield tok
 
     def _steps(self, tokens: list[int], max_tokens: int | None, seed: int | None, stop_on_eog: bool,
                grammar: str | LlamaGrammar | None, n_logprobs: int | None,
                logits_processor: LogitsProcessor | None, stopping_criteria: StoppingCriteria | None,
-               sampling: dict[str, Any], prefilled: bool = False
+               params: SamplingParams, prefilled: bool = False
                ) -> Iterator[tuple[int, tuple[float, list[tuple[int, float]]] | None]]:
-        """(token, logprobs or None) per generated token: the one generation loop of Llama. prefilled: the
-        context holds `tokens` already, the last one's logits its last output (_prompt_logprobs)."""
-        sampler = self.sampler(seed=seed, grammar=grammar, **sampling)  # bad parameters fail before any decode
+        """(token, logprobs or None) per generated token: the one generation loop of Llama, with the call's one
+        sampler chain. prefilled: the context holds `tokens` already, the last one's logits its last output
+        (_prompt_logprobs)."""
+        sampler = self._chain(params, seed, grammar)  # bad parameters fail before any decode
         _llama.check_logprobs(n_logprobs)
         model, ctx = self._parts()
         slow = logits_processor is not None or stopping_criteria is not None
@@ -682,7 +652,7 @@ class Llama:
                     return
                 yield tok, lp
                 produced += 1
-                if self._at_context_end(ctx) or (max_tokens is not None and produced >= max_tokens):
+                if not limits.goes_on(produced, len(self._tokens), max_tokens, ctx.n_ctx):
                     return
                 if slow:
                     ctx.prefill([tok])
@@ -756,94 +726,66 @@ class Llama:
                         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                         repeat_penalty=repeat_penalty, top_k=top_k, mirostat_mode=mirostat_mode,
                         mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logit_bias=logit_bias)
-        SamplingParams.from_kwargs(**sampling)  # bad input fails here, also for a stream not yet iterated
+        # bad input fails here, also for a stream not yet iterated: the one chain is built at the first step
+        params = SamplingParams.from_kwargs(**sampling).checked(self.n_vocab())
         _llama.check_logprobs(logprobs)
         constraint = _constraint(grammar, response_format)
-        if stream and constraint is not None:  # the stream's sampler is built at its first step
+        if stream and constraint is not None:
             _llama.check_grammar(self._parts()[0], constraint.grammar, constraint.root)
         # max_tokens checked now, not at the stream's first chunk
-        chunks = self._completion(prompt, suffix, max_tokens_limit(max_tokens), logprobs, echo, stop, seed, model,
-                                  stopping_criteria, logits_processor, constraint, sampling)
+        chunks = self._completion(prompt, suffix, max_tokens_limit(max_tokens), logprobs, echo, stop, seed,
+                                  responses.CompletionShape(model or self.model_path), stopping_criteria,
+                                  logits_processor, constraint, params)
         if stream:
             return chunks
-        text, finish, usage, cid, created, lps = "", None, {}, "", 0, None
-        for chunk in chunks:
-            cid, created = chunk["id"], chunk["created"]
-            choice = chunk["choices"][0]
-            text += choice["text"]
-            finish = choice["finish_reason"] or finish
-            usage = chunk.get("usage", usage)
-            if choice["logprobs"] is not None:
-                lps = {k: (lps[k] if lps else []) + v for k, v in choice["logprobs"].items()}
-        if logprobs is not None and lps is None:
-            lps = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
-        return {"id": cid, "object": "text_completion", "created": created, "model": model or self.model_path,
-                "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": finish}], "usage": usage}
+        return responses.merged_completion(chunks, model or self.model_path, logprobs is not None)
 
     __call__ = create_completion
 
     def _completion(self, prompt: str | Sequence[int], suffix: str | None, max_tokens: int | None,
                     n_logprobs: int | None, echo: bool, stop: str | Sequence[str] | None, seed: int | None,
-                    model_name: str | None, stopping_criteria: StoppingCriteria | None,
+                    shape: responses.CompletionShape, stopping_criteria: StoppingCriteria | None,
                     logits_processor: LogitsProcessor | None, grammar: str | LlamaGrammar | None,
-                    sampling: dict[str, Any]) -> Iterator[dict[str, Any]]:
+                    params: SamplingParams) -> Iterator[dict[str, Any]]:
+        model = self._model_part()
         # special-token text (e.g. "<|im_start|>") is parsed, as llama-cpp-python and llama-server do
         prompt_tokens = (self.tokenize(prompt, special=True) if isinstance(prompt, (str, bytes))
                          else [int(t) for t in prompt])
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
-        prompt_len = len(prompt) if isinstance(prompt, str) else len(self._text(prompt_tokens).decode("utf-8", "replace"))
-
-        def chunk(text: str, finish: str | None, lps: dict[str, list[Any]] | None = None, **extra: Any) -> dict[str, Any]:
-            return {"id": cid, "object": "text_completion", "created": created, "model": model_name or self.model_path,
-                    "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": finish}], **extra}
-
+        prompt_text = completion_text(model, prompt_tokens).decode("utf-8", "replace") \
+            if echo or not isinstance(prompt, str) else prompt
         scored = echo and n_logprobs is not None
         if echo:
-            lps = self._prompt_logprobs(prompt_tokens, n_logprobs) if scored else None
-            yield chunk(self._text(prompt_tokens).decode("utf-8", "replace"), None, lps)
+            yield shape.chunk(prompt_text, None, self._prompt_logprobs(prompt_tokens, n_logprobs) if scored else None)
         if self.cache is not None and not scored:
             self._from_cache(prompt_tokens)
         # a tool call's output keeps special tokens' text: a format's markers may be such
-        text = TextStream(functools.partial(self._text, special=isinstance(grammar, ToolCallGrammar)), stops)
-        pending = LogprobRows(self._piece, prompt_len) \
-            if n_logprobs is not None else None
-        sent = 0
+        out = CompletionStream(model, [stop] if isinstance(stop, str) else list(stop or []),
+                               special=isinstance(grammar, ToolCallGrammar), logprobs=n_logprobs is not None,
+                               prompt_len=len(prompt) if isinstance(prompt, str) else len(prompt_text))
         for tok, lp in self._steps(prompt_tokens, max_tokens, seed, True, grammar, n_logprobs, logits_processor,
-                                   stopping_criteria, sampling, prefilled=scored):
-            if pending is not None:
-                pending.add(tok, lp)
-            ready = text.push(tok)
+                                   stopping_criteria, params, prefilled=scored):
+            ready, rows = out.push(tok, lp)
             if ready:
-                sent += len(ready)
-                rows = pending.take(sent) if pending is not None else []
-                yield chunk(ready, None, completion_logprobs(rows) if rows else None)
-            if text.stopped:
+                yield shape.chunk(ready, None, completion_logprobs(rows) if rows else None)
+            if out.stopped:
                 break
-        produced = text.tokens
-        if text.stopped:
-            finish = "stop"
-        elif (max_tokens is not None and len(produced) >= max_tokens) or self._at_context_end(self._parts()[1]):
-            finish = "length"
-        else:
-            finish = "stop"  # end-of-generation token
-        tail = text.finish() + (suffix or "")
-        usage = {"prompt_tokens": len(prompt_tokens), "completion_tokens": len(produced),
-                 "total_tokens": len(prompt_tokens) + len(produced)}
-        sent += len(tail)
-        lps = completion_logprobs(pending.take(sent, final=True)) if pending is not None else None
+        n_out = len(out.tokens)
+        # a stop string, else the limits (max_tokens, the context's end), else an end-of-generation token
+        limited = not limits.goes_on(n_out, len(self._tokens), max_tokens, self._parts()[1].n_ctx)
+        finish = "length" if limited and not out.stopped else "stop"
+        tail, rows = out.finish(suffix or "")
+        usage = {"prompt_tokens": len(prompt_tokens), "completion_tokens": n_out,
+                 "total_tokens": len(prompt_tokens) + n_out}
         if self.cache is not None:
             self.cache[self._tokens] = self.save_state()
-        yield chunk(tail, finish, lps, usage=usage)
+        yield shape.chunk(tail, finish, None if rows is None else completion_logprobs(rows), usage=usage)
 
     def _prompt_logprobs(self, tokens: list[int], n_top: int) -> dict[str, list[Any]]:
         """echo=True with logprobs: the prompt evaluated from its start with an output at every token, each
         token scored from the row before it in C (Context.decode_logprobs), in llama-cpp-python's format."""
         ctx = self._prompt_context(tokens)
-        self.reset()
-        scored = ctx.decode_logprobs(tokens, n_top, rows=self._scores_rows()[:len(tokens)] if self._logits_all else None)
-        self._tokens.extend(tokens)
-        rows = prompt_logprob_rows(tokens, scored, self._piece, self.token_bos())
+        rows = scoring.score_prompt(ctx, 0, self._tokens, tokens, n_top, piece_of(self._model_part()),
+                                    self.token_bos(), rows=self._scores_rows()[:len(tokens)] if self._logits_all else None)
         return completion_logprobs(rows)
 
     def _from_cache(self, prompt_tokens: Sequence[int]) -> None:
@@ -852,8 +794,8 @@ class Llama:
             state = self.cache[prompt_tokens]
         except KeyError:
             return
-        cached = common_prefix([int(t) for t in state.input_ids[: state.n_tokens]], prompt_tokens)
-        if cached > common_prefix(self._tokens, prompt_tokens):
+        cached = sequence.common_prefix([int(t) for t in state.input_ids[: state.n_tokens]], prompt_tokens)
+        if cached > sequence.common_prefix(self._tokens, prompt_tokens):
             self.load_state(state)
 
     def create_chat_completion_openai_v1(self, *args: Any, **kwargs: Any) -> Any:
@@ -912,68 +854,12 @@ class Llama:
         Every sampling parameter, grammar, response_format and logprobs (top_logprobs alternatives) go to
         create_completion. A template that fails to render is a ValueError naming it.
         """
-        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
-            raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} mappings")
-        for i, m in enumerate(messages):
-            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-                raise ValueError(f"messages[{i}] must be a mapping with a 'role' string, got {m!r}")
-        if functions is not None or function_call is not None:
-            legacy_tools, legacy_choice = chat_completion.tools_from_functions(functions, function_call)
-            tools = tools if tools is not None else legacy_tools
-            tool_choice = tool_choice if tool_choice is not None else legacy_choice
-        if top_logprobs is not None and not logprobs:
-            raise ValueError("top_logprobs needs logprobs=True")
         extra = dict(typical_p=typical_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                      repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
                      mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logits_processor=logits_processor,
-                     grammar=grammar, logit_bias=logit_bias, response_format=response_format,
-                     logprobs=(top_logprobs or 0) if logprobs else None)
-        template = self.chat_template
-        name = self.model_path if model is None else model
-        if uses_tools(tools, tool_choice):
-            if grammar is not None or response_format is not None:
-                raise ValueError("grammar or response_format cannot go with tools")
-            return self._chat_with_tools(template, messages, tools or [], tool_choice, chat_template_kwargs, name,
-                                         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                         min_p=min_p, stop=stop, seed=seed, stream=stream, extra=extra)
-        prompt = template.render(messages, add_generation_prompt=True, tools=tools, tool_choice=tool_choice,
-                                 **dict(chat_template_kwargs or {}))
-        tokens = self.tokenize(prompt, add_bos=template.add_bos, special=True)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        out = self.create_completion(tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                     min_p=min_p, stop=stops + [s for s in template.stops if s not in stops],
-                                     seed=seed, stream=stream, **extra)
-        if stream:
-            return chat_completion.chat_chunks(out, name)  # type: ignore[arg-type]
-        return chat_completion.chat_response(out, name)  # type: ignore[arg-type]
-
-    def _chat_with_tools(self, template: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
-                         tool_choice: Any, template_kwargs: Mapping[str, Any] | None, name: str, *,
-                         max_tokens: int | None, temperature: float, top_p: float, top_k: int, min_p: float,
-                         stop: str | Sequence[str] | None, seed: int | None, stream: bool,
-                         extra: dict[str, Any]) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """create_chat_completion with tools, as llama-server's --jinja: llama.cpp's chat layer renders the
-        messages and tools in the model's format, its grammar keeps a call well formed, and the text is parsed
-        into the message's content and tool_calls (finish_reason "tool_calls")."""
-        text = getattr(template, "text", None)
-        if text is None:
-            raise ValueError(f"tools need a Jinja chat template; {template.name} (a llama.cpp built-in) cannot "
-                             "render them (give chat_template= a Jinja text)")
-        tc = tool_chat(self._parts()[0], text, [dict(m) for m in messages], tools, tool_choice,
-                       template_kwargs=template_kwargs)
-        # the chat layer takes the template's BOS off where the vocabulary adds one: the tokenizer adds it
-        tokens = self.tokenize(tc.prompt, add_bos=True, special=True)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        stops += [s for s in (*template.stops, *tc.stops) if s not in stops]
-        grammar = ToolCallGrammar(tc.grammar) if tc.grammar else None
-        out = self.create_completion(tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                     min_p=min_p, stop=stops, seed=seed, stream=stream, **{**extra, "grammar": grammar})
-        if stream:
-            return chat_completion.tool_call_chunks(chat_completion.chat_chunks(out, name),  # type: ignore[arg-type]
-                                                    ToolCallStream(tc.parser))
-        out = chat_completion.chat_response(out, name)  # type: ignore[arg-type]
-        choice = out["choices"][0]
-        choice["message"] = parse_message(tc.parser, choice["message"]["content"])
-        if "tool_calls" in choice["message"]:
-            choice["finish_reason"] = "tool_calls"
-        return out
+                     logit_bias=logit_bias)
+        return chat.chat_completion(self, messages, functions, function_call, tools, tool_choice, chat_template_kwargs,
+                                    model, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                    min_p=min_p, stop=stop, seed=seed, stream=stream, grammar=grammar,
+                                    response_format=response_format, logprobs=logprobs, top_logprobs=top_logprobs,
+                                    extra=extra)

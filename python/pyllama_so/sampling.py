@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -32,13 +33,35 @@ def _integer(name: str, value: Any) -> int:
     return value
 
 
+def logit_bias_entries(logit_bias: Mapping[Any, float] | None, n_vocab: int) -> list[tuple[int, float]]:
+    """{token id: bias} (ids as int or as decimal str, as JSON gives them) to (id, bias) pairs, in order; a
+    ValueError naming logit_bias for an id outside [0, n_vocab) or a bias that is not a number (NaN included)."""
+    if logit_bias is None:
+        return []
+    if not isinstance(logit_bias, Mapping):
+        raise ValueError(f"logit_bias must be a mapping of token id to bias, not {type(logit_bias).__name__}")
+    out = []
+    for key, value in logit_bias.items():
+        try:
+            tok = int(key) if isinstance(key, (int, str)) and not isinstance(key, bool) else None
+        except ValueError:
+            tok = None
+        if tok is None or not 0 <= tok < n_vocab:
+            raise ValueError(f"logit_bias: {key!r} is not a token id of the vocabulary [0, {n_vocab})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise ValueError(f"logit_bias: the bias of token {tok} must be a number, not {value!r}")
+        out.append((tok, float(value)))
+    return out
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Every sampling parameter of llama-cpp-python's create_completion, with its defaults.
 
     A value out of range is a ValueError naming the parameter. `logit_bias` maps token ids (int, or
-    decimal str as JSON gives them) to a bias added to the logit (-inf bans a token); its ids are checked
-    against the vocabulary when the sampler is built. `seed` None (or -1) draws a random seed.
+    decimal str as JSON gives them) to a bias added to the logit (-inf bans a token); checked() checks its
+    ids against a model's vocabulary, before a request's sampler chain is built from the parameters.
+    `seed` None (or -1) draws a random seed.
     """
 
     temperature: float = 0.8
@@ -108,6 +131,21 @@ class SamplingParams:
             raise ValueError(f"logit_bias must be a mapping of token id to bias, not {type(self.logit_bias).__name__}")
         if self.seed is not None and (_integer("seed", self.seed) < -1 or self.seed >= 2**32):
             raise ValueError(f"seed must be in [0, 2**32) or -1 / None (random), got {self.seed}")
+
+    def checked(self, n_vocab: int) -> SamplingParams:
+        """These parameters checked against a vocabulary of n_vocab tokens (a logit_bias id outside it, or a
+        bias that is not a number, is a ValueError naming logit_bias), as a copy whose `vocabulary` says so:
+        what a request carries to the one place its sampler chain is built."""
+        logit_bias_entries(self.logit_bias, n_vocab)
+        out = dataclasses.replace(self)
+        object.__setattr__(out, "_vocabulary", n_vocab)
+        return out
+
+    @property
+    def vocabulary(self) -> int | None:
+        """The vocabulary size checked() checked these parameters against; None: not checked (a copy made
+        with dataclasses.replace is not)."""
+        return self.__dict__.get("_vocabulary")
 
     @property
     def greedy(self) -> bool:

@@ -18,7 +18,7 @@ from fastapi import Request
 
 from pyllama_so import _llama
 from pyllama_so.grammar import GrammarError
-from pyllama_so.logprobs import TokenLogprob
+from pyllama_so.generation.logprobs import TokenLogprob
 from pyllama_so.server.engine import Delta, Done, Engine, EngineStopped, Event, Failed, Job, PromptError, QueueFull
 from pyllama_so.server.errors import CONTEXT_EXCEEDED, ApiError
 from pyllama_so.server.schemas import GenerationRequest
@@ -162,7 +162,7 @@ def make_job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: C
         if choice and sampling.seed is not None and sampling.seed != -1:
             sampling = dataclasses.replace(sampling, seed=(sampling.seed + choice) % 2**32)
         n_logprobs = _llama.check_logprobs(body.n_logprobs, body.logprobs_param)
-        _llama.Sampler(engine.model, sampling, n_ctx=engine.n_ctx_slot).free()  # logit_bias ids
+        sampling = sampling.checked(engine.model.n_vocab)  # logit_bias ids, with no chain built: the engine builds it
     except ValueError as e:
         message = str(e)
         param = next((f for f in type(body).model_fields if message.startswith(f)), None)
