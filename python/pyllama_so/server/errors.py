@@ -6,6 +6,7 @@ unknown ones); llama-server's, {"error": {"code": status, "message", "type"}} wi
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -92,27 +93,38 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     return "; ".join(parts), param
 
 
+def _respond(request: Request, status: int, message: str, param: str | None = None, code: str | None = None,
+             details: dict[str, Any] | None = None) -> JSONResponse:
+    """The error in the shape of the request's route (install() puts the native routes on app.state)."""
+    return response_for(request.url.path, request.app.state.native_paths, status, message, param, code, details)
+
+
+async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return _respond(request, exc.status, exc.message, exc.param, exc.code, exc.details)
+
+
+async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    message, param = _validation_message(list(exc.errors()))
+    return _respond(request, 400, message, param)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return _respond(request, exc.status_code, str(exc.detail))
+
+
+async def internal(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("%s %s failed", request.method, request.url.path)
+    return _respond(request, 500, f"internal error: {exc}")
+
+
+# each handler's exception type; a handler takes its type's exceptions only (Any: Starlette types them all Exception)
+HANDLERS: tuple[tuple[type[Exception], Callable[[Request, Any], Awaitable[JSONResponse]]], ...] = (
+    (ApiError, api_error), (RequestValidationError, invalid), (StarletteHTTPException, http_error),
+    (Exception, internal))
+
+
 def install(app: FastAPI, native_paths: frozenset[str] = frozenset()) -> None:
     """Error handlers for app; native_paths: the routes whose errors have llama-server's shape."""
-
-    def respond(request: Request, status: int, message: str, param: str | None = None, code: str | None = None,
-                details: dict[str, Any] | None = None) -> JSONResponse:
-        return response_for(request.url.path, native_paths, status, message, param, code, details)
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return respond(request, exc.status, exc.message, exc.param, exc.code, exc.details)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(list(exc.errors()))
-        return respond(request, 400, message, param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return respond(request, exc.status_code, str(exc.detail))
-
-    @app.exception_handler(Exception)
-    async def internal(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path)
-        return respond(request, 500, f"internal error: {exc}")
+    app.state.native_paths = native_paths
+    for kind, handler in HANDLERS:
+        app.add_exception_handler(kind, handler)
