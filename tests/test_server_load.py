@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pyllama_so.server.app import FINGERPRINT
+from pyllama_so.server.settings import FINGERPRINT
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 SCRIPT = SCRIPTS / "server-load"

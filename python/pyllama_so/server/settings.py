@@ -1,4 +1,5 @@
-"""The server's defaults for requests (--temp, --seed, -n, llama-server's sampler flags), and a request's generation settings as llama-server
+"""The server's defaults for requests (--temp, --seed, -n, llama-server's sampler flags), the settings its
+routes read (ServerSettings, on app.state), and a request's generation settings as llama-server
 reports them: the `generation_settings` of a /completion
 response, each slot's `params` in /slots and `default_generation_settings.params` in /props (field names
 of task_params::to_json in the pinned tree's tools/server/server-task.cpp, for the fields this server has)."""
@@ -10,8 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyllama_so import __version__
+from pyllama_so._build_info import UPSTREAM_COMMIT
 from pyllama_so.sampling import SamplingParams
 
+# OpenAI's system_fingerprint and /props' build_info: this build (the package and its upstream commit)
+FINGERPRINT = f"pyllama_so-{__version__}-{UPSTREAM_COMMIT[:9]}"
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.h: a random seed, as llama-server shows an unset one
 # the order of our chain (sampling.py), in llama-server's sampler names
 SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
@@ -40,6 +45,21 @@ class ServerDefaults:
         out.update(self.sampling_fields)
         return out
 
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the routes need of the server's flags besides the engine and the chat template (create_app puts
+    it on app.state). model_id: the name the server serves its model as; model_meta: more /v1/models meta
+    fields; stream_grace: how long a stream outlives a shutdown's start; slots_endpoint: /slots and /engine
+    (--no-slots turns them off); metrics_endpoint: /metrics (--metrics); started: the start, in Unix seconds."""
+
+    model_id: str
+    defaults: ServerDefaults = ServerDefaults()
+    model_meta: Mapping[str, Any] = field(default_factory=dict)
+    stream_grace: float = 0.0
+    slots_endpoint: bool = True
+    metrics_endpoint: bool = False
+    started: int = 0
 
 
 def generation_settings(sampling: SamplingParams, *, n_predict: int, stop: Sequence[str] = (), stream: bool = False,

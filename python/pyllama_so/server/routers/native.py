@@ -1,5 +1,5 @@
-"""llama-server's native generation and tokenizer endpoints on the engine (tools/server/README.md of the
-pinned tree): POST /completion (and /completions), /infill, /tokenize and /detokenize.
+"""llama-server's native generation, tokenizer and template endpoints on the engine (tools/server/README.md of
+the pinned tree): POST /completion (and /completions), /infill, /tokenize, /detokenize and /apply-template.
 
 A /completion request becomes a Job through the same make_job and Run as /v1/completions (jobs.py), with
 llama-server's fields: prompt as a text, token ids or both mixed (texts tokenized with special tokens
@@ -7,17 +7,18 @@ parsed, BOS before a leading text), n_predict, n_probs, cache_prompt, id_slot, l
 The answer is llama-server's object (content, stop, stop_type, stopping_word, tokens_predicted,
 tokens_evaluated, tokens_cached, generation_settings, timings, completion_probabilities, ...); streamed,
 one `data: {...}` event per piece of text (content, tokens, stop: false), then the final object with stop:
-true and empty content, and no [DONE].
+true and empty content, and no [DONE]. /apply-template answers the prompt a chat completion would generate
+from.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
@@ -25,16 +26,23 @@ from starlette.concurrency import run_in_threadpool
 from pyllama_so import _llama
 from pyllama_so.logprobs import TokenLogprob
 from pyllama_so.server import errors
+from pyllama_so.server.chat import render, with_tools
 from pyllama_so.server.engine import Delta, Done, Engine
 from pyllama_so.server.errors import ApiError
 from pyllama_so.server.infill import Chunk, infill_tokens, missing_fim_tokens
-from pyllama_so.server.jobs import cancel_all, check_n, collect_all, failure, make_job, merged, request_grammar, start_runs
+from pyllama_so.server.jobs import (Run, cancel_all, check_n, collect_all, failure, make_job, merged, request_grammar,
+                                    start_runs)
 from pyllama_so.server.native_schemas import (DetokenizeRequest, InfillRequest, NativeCompletionRequest,
                                               TokenizeRequest, bias_value)
 from pyllama_so.server.prompts import checked_ids, mixed_tokens, nonempty
-from pyllama_so.server.settings import ServerDefaults, generation_settings
+from pyllama_so.server.routers.state import ChatDep, EngineDep, SettingsDep
+from pyllama_so.server.schemas import ChatTemplateRequest
+from pyllama_so.server.settings import ServerSettings, generation_settings
+from pyllama_so.tool_calls import uses_tools
 
-PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize"})
+PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template"})
+
+router = APIRouter()
 
 
 def resolve_logit_bias(model: _llama.Model, value: list[Any] | dict[str, Any] | None) -> dict[int, float] | None:
@@ -95,143 +103,168 @@ def _sse(obj: dict[str, Any]) -> dict[str, str]:
     return {"data": json.dumps(obj, ensure_ascii=False)}
 
 
-def install(app: FastAPI, engine: Engine, *, model_id: str, defaults: ServerDefaults,
-            stream_grace: float) -> None:
-    """Add the routes to app; defaults: the server's --temp, --seed, -n; stream_grace: how long a stream
-    outlives a shutdown's start."""
-    model = engine.model
+async def complete(body: NativeCompletionRequest, request: Request, prompts: list[list[int]], engine: Engine,
+                   settings: ServerSettings) -> Any:
+    """The answer to a /completion or /infill request of prompts: llama-server's object for each choice of each
+    prompt (an array of them for several), or their stream."""
+    model, defaults = engine.model, settings.defaults
+    grammar = await run_in_threadpool(request_grammar, model, body)
+    logit_bias = await run_in_threadpool(resolve_logit_bias, model, body.logit_bias)
+    if body.id_slot < -1 or body.id_slot >= engine.n_slots:
+        raise ApiError(400, f"id_slot must be -1 (any slot) or in [0, {engine.n_slots}), got {body.id_slot}",
+                       param="id_slot")
+    n_predict = body.n_predict_given
+    if n_predict is None or n_predict == -1:  # llama-server: -1 takes the server's -n
+        n_predict = -1 if defaults.n_predict is None else defaults.n_predict
+    cid = f"cmpl-{uuid.uuid4().hex}"
 
-    async def complete(body: NativeCompletionRequest, request: Request, prompts: list[list[int]]) -> Any:
-        grammar = await run_in_threadpool(request_grammar, model, body)
-        logit_bias = await run_in_threadpool(resolve_logit_bias, model, body.logit_bias)
-        if body.id_slot < -1 or body.id_slot >= engine.n_slots:
-            raise ApiError(400, f"id_slot must be -1 (any slot) or in [0, {engine.n_slots}), got {body.id_slot}",
-                           param="id_slot")
-        n_predict = body.n_predict_given
-        if n_predict is None or n_predict == -1:  # llama-server: -1 takes the server's -n
-            n_predict = -1 if defaults.n_predict is None else defaults.n_predict
-        cid = f"cmpl-{uuid.uuid4().hex}"
+    n_choices = body.n_choices
+    check_n(engine, n_choices)
+    if n_choices * len(prompts) > 1 and body.id_slot != -1:
+        raise ApiError(400, "several completions need a slot each: leave id_slot out", param="id_slot")
 
-        n_choices = body.n_choices
-        check_n(engine, n_choices)
-        if n_choices * len(prompts) > 1 and body.id_slot != -1:
-            raise ApiError(400, "several completions need a slot each: leave id_slot out", param="id_slot")
+    def make(prompt: list[int], choice: int) -> Any:
+        def job_of(emit: Any) -> Any:
+            job = make_job(engine, body, prompt, emit, None if n_predict == -1 else n_predict, cid, grammar,
+                           defaults=defaults, logit_bias=logit_bias, choice=choice,
+                           id_slot=None if body.id_slot == -1 else body.id_slot, cache_prompt=body.cache_prompt)
+            job.settings = generation_settings(job.sampling, n_predict=n_predict, stop=job.stop,
+                                               stream=body.stream, n_probs=job.logprobs or 0,
+                                               ignore_eos=job.ignore_eos, grammar=grammar,
+                                               backend_sampling=engine.backend_sampling)
+            return job
+        return job_of
 
-        def make(prompt: list[int], choice: int) -> Any:
-            def job_of(emit: Any) -> Any:
-                job = make_job(engine, body, prompt, emit, None if n_predict == -1 else n_predict, cid, grammar,
-                               defaults=defaults, logit_bias=logit_bias, choice=choice,
-                               id_slot=None if body.id_slot == -1 else body.id_slot, cache_prompt=body.cache_prompt)
-                job.settings = generation_settings(job.sampling, n_predict=n_predict, stop=job.stop,
-                                                   stream=body.stream, n_probs=job.logprobs or 0,
-                                                   ignore_eos=job.ignore_eos, grammar=grammar,
-                                                   backend_sampling=engine.backend_sampling)
-                return job
-            return job_of
+    runs = start_runs(engine, [make(p, c) for p in prompts for c in range(n_choices)], "prompt")
+    prompt_texts = [model.detokenize_bytes(p, unparse_special=True).decode("utf-8", "replace") for p in prompts]
+    want_probs = runs[0].job.logprobs is not None
 
-        runs = start_runs(engine, [make(p, c) for p in prompts for c in range(n_choices)], "prompt")
-        prompt_texts = [model.detokenize_bytes(p, unparse_special=True).decode("utf-8", "replace") for p in prompts]
-        want_probs = runs[0].job.logprobs is not None
+    def final(i: int, text: str, done: Done, tokens: list[int], rows: Sequence[TokenLogprob]) -> dict[str, Any]:
+        u = done.usage
+        limited = done.finish_reason == "length"
+        out: dict[str, Any] = {
+            "index": i, "content": text, "tokens": tokens, "id_slot": done.slot, "stop": True,
+            "model": settings.model_id, "tokens_predicted": u.completion_tokens, "tokens_evaluated": u.prompt_tokens,
+            "generation_settings": runs[i].job.settings, "prompt": prompt_texts[i // n_choices],
+            "has_new_line": "\n" in text,
+            # the slot's context ended the generation (not n_predict)
+            "truncated": limited and (n_predict == -1 or u.completion_tokens < n_predict),
+            "stop_type": "limit" if limited else "word" if done.stopping_word else "eos",
+            "stopping_word": done.stopping_word, "tokens_cached": done.n_cached,
+            "timings": done.timings.as_dict()}
+        if want_probs and not body.stream:
+            out["completion_probabilities"] = probabilities(model, rows)
+        return out if body.response_fields is None else pick(out, body.response_fields)
 
-        def final(i: int, text: str, done: Done, tokens: list[int], rows: Sequence[TokenLogprob]) -> dict[str, Any]:
-            u = done.usage
-            limited = done.finish_reason == "length"
-            out: dict[str, Any] = {
-                "index": i, "content": text, "tokens": tokens, "id_slot": done.slot, "stop": True, "model": model_id,
-                "tokens_predicted": u.completion_tokens, "tokens_evaluated": u.prompt_tokens,
-                "generation_settings": runs[i].job.settings, "prompt": prompt_texts[i // n_choices],
-                "has_new_line": "\n" in text,
-                # the slot's context ended the generation (not n_predict)
-                "truncated": limited and (n_predict == -1 or u.completion_tokens < n_predict),
-                "stop_type": "limit" if limited else "word" if done.stopping_word else "eos",
-                "stopping_word": done.stopping_word, "tokens_cached": done.n_cached,
-                "timings": done.timings.as_dict()}
-            if want_probs and not body.stream:
-                out["completion_probabilities"] = probabilities(model, rows)
-            return out if body.response_fields is None else pick(out, body.response_fields)
+    if not body.stream:
+        results = await collect_all(runs, request)
+        if results is None:
+            return {}  # the client is gone
+        outs = [final(i, text, done, run.tokens if body.return_tokens else [], run.logprobs)
+                for i, (run, (text, done)) in enumerate(zip(runs, results))]
+        return outs[0] if len(outs) == 1 else outs  # llama-server: an array of results for several
+    return stream(runs, model, prompts, n_choices, final, settings.stream_grace)
 
-        if not body.stream:
-            results = await collect_all(runs, request)
-            if results is None:
-                return {}  # the client is gone
-            outs = [final(i, text, done, run.tokens if body.return_tokens else [], run.logprobs)
-                    for i, (run, (text, done)) in enumerate(zip(runs, results))]
-            return outs[0] if len(outs) == 1 else outs  # llama-server: an array of results for several
 
-        async def events() -> AsyncIterator[dict[str, str]]:
-            predicted = [0] * len(runs)
+def stream(runs: Sequence[Run], model: _llama.Model, prompts: Sequence[list[int]], n_choices: int,
+           final: Callable[[int, str, Done, list[int], Sequence[TokenLogprob]], dict[str, Any]],
+           stream_grace: float) -> EventSourceResponse:
+    """llama-server's stream of the runs (n_choices of each prompt): a partial object per piece, each choice's
+    final one (from final) at its end; stream_grace: how long the stream outlives a shutdown's start."""
+    want_probs = runs[0].job.logprobs is not None
 
-            def partial(i: int, event: Delta | Done) -> dict[str, Any]:
-                predicted[i] += len(event.tokens)
-                chunk: dict[str, Any] = {"index": i, "content": event.text, "tokens": list(event.tokens),
-                                         "stop": False, "id_slot": event.slot, "tokens_predicted": predicted[i],
-                                         "tokens_evaluated": len(prompts[i // n_choices])}
-                if want_probs and event.logprobs:
-                    chunk["completion_probabilities"] = probabilities(model, event.logprobs)
-                return chunk
+    async def events() -> AsyncIterator[dict[str, str]]:
+        predicted = [0] * len(runs)
 
-            try:
-                async for i, event in merged(runs):
-                    if isinstance(event, Delta):
+        def partial(i: int, event: Delta | Done) -> dict[str, Any]:
+            predicted[i] += len(event.tokens)
+            chunk: dict[str, Any] = {"index": i, "content": event.text, "tokens": list(event.tokens),
+                                     "stop": False, "id_slot": event.slot, "tokens_predicted": predicted[i],
+                                     "tokens_evaluated": len(prompts[i // n_choices])}
+            if want_probs and event.logprobs:
+                chunk["completion_probabilities"] = probabilities(model, event.logprobs)
+            return chunk
+
+        try:
+            async for i, event in merged(runs):
+                if isinstance(event, Delta):
+                    yield _sse(partial(i, event))
+                elif isinstance(event, Done):
+                    if event.text or event.tokens:  # the text held back until the end
                         yield _sse(partial(i, event))
-                    elif isinstance(event, Done):
-                        if event.text or event.tokens:  # the text held back until the end
-                            yield _sse(partial(i, event))
-                        yield _sse(final(i, "", event, [], ()))
-                    else:
-                        e = failure(event)
-                        yield _sse(errors.native_error_body(e.status, e.message, e.code))
-            finally:
-                cancel_all(runs)
+                    yield _sse(final(i, "", event, [], ()))
+                else:
+                    e = failure(event)
+                    yield _sse(errors.native_error_body(e.status, e.message, e.code))
+        finally:
+            cancel_all(runs)
 
-        return EventSourceResponse(events(), background=BackgroundTask(cancel_all, runs), sep="\n",
-                                   shutdown_grace_period=stream_grace)
+    return EventSourceResponse(events(), background=BackgroundTask(cancel_all, runs), sep="\n",
+                               shutdown_grace_period=stream_grace)
 
-    async def completion(body: NativeCompletionRequest, request: Request) -> Any:
-        prompts = [nonempty(await run_in_threadpool(mixed_tokens, model, one, add_special=True, parse_special=True,
-                                                    param="prompt"), "prompt") for one in body.prompts]
-        return await complete(body, request, prompts)
 
-    app.post("/completion", response_model=None)(completion)
-    app.post("/completions", response_model=None)(completion)
+async def completion(body: NativeCompletionRequest, request: Request, engine: EngineDep, settings: SettingsDep) -> Any:
+    model = engine.model
+    prompts = [nonempty(await run_in_threadpool(mixed_tokens, model, one, add_special=True, parse_special=True,
+                                                param="prompt"), "prompt") for one in body.prompts]
+    return await complete(body, request, prompts, engine, settings)
 
-    @app.post("/infill", response_model=None)
-    async def infill(body: InfillRequest, request: Request) -> Any:
-        missing = missing_fim_tokens(model)
-        if missing:  # llama-server's answer (the body's fields were checked before)
-            raise ApiError(501, "Infill is not supported by this model: " + " ".join(missing), code="not_supported")
 
-        def tokens() -> list[int]:
-            def part(value: str | list[int | str], param: str) -> list[int]:
-                return mixed_tokens(model, value, add_special=False, parse_special=False, param=param)
-            n_predict = -1 if defaults.n_predict is None else defaults.n_predict
-            return infill_tokens(model, part(body.input_prefix, "input_prefix"), part(body.input_suffix, "input_suffix"),
-                                 model.tokenize(body.prompt, add_special=False, parse_special=True).tolist(),
-                                 [Chunk(c.text, c.filename) for c in body.input_extra], n_batch=engine.n_batch,
-                                 n_ctx=engine.n_ctx_slot, n_predict=n_predict)
+router.post("/completion", response_model=None)(completion)
+router.post("/completions", response_model=None)(completion)
 
-        return await complete(body, request, [await run_in_threadpool(tokens)])
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        if body.content is None:
-            return {"tokens": []}
-        ids = await run_in_threadpool(mixed_tokens, model, body.content, add_special=body.add_special,
-                                      parse_special=body.parse_special, param="content")
-        if not body.with_pieces:
-            return {"tokens": ids}
+@router.post("/infill", response_model=None)
+async def infill(body: InfillRequest, request: Request, engine: EngineDep, settings: SettingsDep) -> Any:
+    model, defaults = engine.model, settings.defaults
+    missing = missing_fim_tokens(model)
+    if missing:  # llama-server's answer (the body's fields were checked before)
+        raise ApiError(501, "Infill is not supported by this model: " + " ".join(missing), code="not_supported")
 
-        def piece(token: int) -> str | list[int]:  # a piece that is not valid UTF-8 as its bytes
-            raw = model.token_to_piece(token, special=True)
-            try:
-                return raw.decode("utf-8")
-            except UnicodeDecodeError:
-                return list(raw)
-        return {"tokens": [{"id": t, "piece": piece(t)} for t in ids]}
+    def tokens() -> list[int]:
+        def part(value: str | list[int | str], param: str) -> list[int]:
+            return mixed_tokens(model, value, add_special=False, parse_special=False, param=param)
+        n_predict = -1 if defaults.n_predict is None else defaults.n_predict
+        return infill_tokens(model, part(body.input_prefix, "input_prefix"), part(body.input_suffix, "input_suffix"),
+                             model.tokenize(body.prompt, add_special=False, parse_special=True).tolist(),
+                             [Chunk(c.text, c.filename) for c in body.input_extra], n_batch=engine.n_batch,
+                             n_ctx=engine.n_ctx_slot, n_predict=n_predict)
 
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
-        ids = checked_ids(model, body.tokens, "tokens")
-        # each token's piece with special tokens rendered, joined (llama-server's tokens_to_str)
-        text = await run_in_threadpool(lambda: model.detokenize_pieces(ids, special=True))
-        return {"content": text.decode("utf-8", "replace")}
+    return await complete(body, request, [await run_in_threadpool(tokens)], engine, settings)
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, engine: EngineDep) -> dict[str, Any]:
+    model = engine.model
+    if body.content is None:
+        return {"tokens": []}
+    ids = await run_in_threadpool(mixed_tokens, model, body.content, add_special=body.add_special,
+                                  parse_special=body.parse_special, param="content")
+    if not body.with_pieces:
+        return {"tokens": ids}
+
+    def piece(token: int) -> str | list[int]:  # a piece that is not valid UTF-8 as its bytes
+        raw = model.token_to_piece(token, special=True)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return list(raw)
+    return {"tokens": [{"id": t, "piece": piece(t)} for t in ids]}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, engine: EngineDep) -> dict[str, str]:
+    model = engine.model
+    ids = checked_ids(model, body.tokens, "tokens")
+    # each token's piece with special tokens rendered, joined (llama-server's tokens_to_str)
+    text = await run_in_threadpool(lambda: model.detokenize_pieces(ids, special=True))
+    return {"content": text.decode("utf-8", "replace")}
+
+
+@router.post("/apply-template")
+async def apply_template(body: ChatTemplateRequest, engine: EngineDep, chat: ChatDep) -> dict[str, Any]:
+    """llama-server's: the prompt the chat template makes of the messages (with tools: the chat layer's, as
+    a chat completion would generate from), without generating."""
+    if uses_tools(body.tools, body.tool_choice):
+        return {"prompt": (await with_tools(engine.model, chat, body)).prompt}
+    return {"prompt": await render(chat, body)}
