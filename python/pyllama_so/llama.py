@@ -20,17 +20,16 @@ import numpy.typing as npt
 
 from pyllama_so import _llama
 from pyllama_so import chat_template as templates
-from pyllama_so._llama import ContextFullError, ModelLoadError, PromptTooLongError
+from pyllama_so._llama import ModelLoadError
 from pyllama_so.chat_template import ChatTemplate
 from pyllama_so.config import ContextParams, ModelParams, check_combination, create_context, load_model
 from pyllama_so.embeddings import embed_tokens, embedding_sequences, normalize as normalize_embedding
-from pyllama_so.generation import chat, limits, responses, sampler as chains, scoring, sequence
+from pyllama_so.generation import chat, completion, sampler as chains, sequence, state as states
 from pyllama_so.generation.hooks import LogitsProcessor, StoppingCriteria
 from pyllama_so.generation.limits import max_tokens_limit as max_tokens_limit  # the server's schemas import it here
-from pyllama_so.generation.logprobs import completion_logprobs
-from pyllama_so.generation.stream import CompletionStream
-from pyllama_so.generation.text import completion_text, piece_of
-from pyllama_so.grammar import LlamaGrammar, ToolCallGrammar, grammar_text, resolve_grammar
+from pyllama_so.generation.session import Session
+from pyllama_so.generation.state import LlamaState as LlamaState  # its home is generation.state
+from pyllama_so.grammar import LlamaGrammar, grammar_text
 from pyllama_so.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -48,32 +47,6 @@ def _check_gguf_file(path: Path) -> None:
         magic = f.read(4)
     if magic != _GGUF_MAGIC:
         raise ModelLoadError(f"not a GGUF file (magic {magic!r}): {path}")
-
-
-def _constraint(grammar: str | LlamaGrammar | None, response_format: dict[str, Any] | None) -> LlamaGrammar | None:
-    """The grammar a call's grammar= or response_format= asks for (a GrammarError for both, or a bad one)."""
-    if isinstance(grammar, ToolCallGrammar) and response_format is None:  # a chat with tools (_chat_with_tools)
-        return grammar
-    text, root = resolve_grammar(grammar, response_format)
-    return None if text is None else LlamaGrammar(text, root)
-
-
-class LlamaState:
-    """A snapshot of a Llama (save_state / load_state), with llama-cpp-python's attributes: the tokens held
-    (input_ids, n_tokens), their logits rows when the Llama keeps them (scores, logits_all=True; else 0
-    rows), llama.cpp's context state (llama_state, llama_state_size bytes: KV cache, last logits) and the
-    seed. rng_state is the Llama's random generator, so that sampling goes on exactly as after the save."""
-
-    def __init__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single], n_tokens: int,
-                 llama_state: bytes, llama_state_size: int, seed: int | None,
-                 rng_state: dict[str, Any] | None = None) -> None:
-        self.input_ids = input_ids
-        self.scores = scores
-        self.n_tokens = n_tokens
-        self.llama_state = llama_state
-        self.llama_state_size = llama_state_size
-        self.seed = seed
-        self.rng_state = rng_state
 
 
 class Llama:
@@ -134,6 +107,7 @@ class Llama:
     _model: _llama.Model | None = None
     _ctx: _llama.Context | None = None
     _lora: _llama.LoraAdapter | None = None
+    _session: Session | None = None  # the context's sequence (none with vocab_only)
     _init_args: dict[str, Any] | None = None
     cache: Any = None  # set_cache()'s (a pyllama_so.cache.LlamaRAMCache), or None
 
@@ -219,10 +193,7 @@ class Llama:
         self.lora_scale = float(lora_scale)
         self.lora_base = lora_base
         self._logits_all = logits_all
-        self._seed_value = seed
-        self._rng = np.random.default_rng(seed)
-        self._tokens: list[int] = []  # what the KV cache holds, in order
-        self._scores: np.ndarray | None = None  # logits_all: (n_ctx, n_vocab), rows [0, n_tokens) valid
+        self._seeds = states.CallSeeds(seed)
         _llama.set_verbose(verbose)
 
         self._model = load_model(path, model_params)
@@ -235,6 +206,7 @@ class Llama:
             elif chat_template is not None:
                 self._chat = templates.from_spec(self._model, chat_template, name="chat_template=")
             self._ctx = create_context(self._model, context_params)
+            self._session = Session(self._ctx, logits_all=logits_all, backend_sampling=backend_sampling)
             self._ctx.set_embeddings(False)  # generation outputs logits only; embed() turns embeddings on
             if self.lora_path is not None:
                 self._lora = _llama.LoraAdapter(self._model, self.lora_path)
@@ -322,6 +294,17 @@ class Llama:
                                "embedding-only architecture cannot evaluate or generate; use embed()")
         return model, ctx
 
+    def _seq(self, generative: bool = True) -> Session:
+        """The context's sequence, once the context is known to be there (and to keep a KV cache: generative)."""
+        self._generative() if generative else self._parts()
+        assert self._session is not None
+        return self._session
+
+    @property
+    def _tokens(self) -> list[int]:
+        """What the context's KV cache holds, in order."""
+        return [] if self._session is None else self._session.tokens
+
     # -- model facts --
 
     def n_ctx(self) -> int:
@@ -373,11 +356,7 @@ class Llama:
         return deque(self._tokens, maxlen=self.n_ctx())
 
     def _scores_rows(self) -> np.ndarray:
-        if not self._logits_all:
-            raise RuntimeError("the logits of evaluated tokens are kept only with Llama(logits_all=True)")
-        if self._scores is None:  # np.empty: the OS commits pages as rows are written
-            self._scores = np.empty((self.n_ctx(), self.n_vocab()), dtype=np.single)
-        return self._scores
+        return self._seq(generative=False).scores_rows()
 
     @property
     def scores(self) -> npt.NDArray[np.single]:
@@ -389,11 +368,6 @@ class Llama:
     def eval_logits(self) -> deque[list[float]]:
         """logits_all=True: the logits row of each token held, as lists (llama-cpp-python's eval_logits)."""
         return deque(self._scores_rows()[: len(self._tokens)].tolist(), maxlen=self.n_ctx())
-
-    def _keep_rows(self, start: int, rows: np.ndarray) -> None:
-        """logits_all: store the logits rows of positions start, start + 1, ..."""
-        if self._logits_all:
-            self._scores_rows()[start:start + len(rows)] = rows
 
     def split_overlap_stats(self) -> dict[str, Any]:
         """What split overlap did: enabled, reason (why the lanes are off, or "on"), next_lane, and
@@ -447,10 +421,7 @@ class Llama:
 
     def set_seed(self, seed: int) -> None:
         """Restart the generator that gives calls without a seed theirs, as Llama(seed=seed) does."""
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"seed must be an int, got {seed!r}")
-        self._seed_value = int(seed)
-        self._rng = np.random.default_rng(None if seed == -1 else int(seed))
+        self._seeds.restart(seed)
 
     def set_cache(self, cache: Any) -> None:
         """llama-cpp-python's: completions start from the cached state (pyllama_so.cache.LlamaRAMCache) sharing
@@ -460,41 +431,12 @@ class Llama:
 
     def save_state(self) -> LlamaState:
         """The context's state (llama_state_get_data) with the tokens, kept logits rows and seed."""
-        _, ctx = self._generative()
-        data = _llama.context_state(ctx)
-        n = len(self._tokens)
-        scores = (self._scores_rows()[:n].copy() if self._logits_all
-                  else np.empty((0, self.n_vocab()), dtype=np.single))
-        return LlamaState(input_ids=self.input_ids, scores=scores, n_tokens=n, llama_state=data,
-                          llama_state_size=len(data), seed=self._seed_value,
-                          rng_state=self._rng.bit_generator.state)
+        return states.save(self._seq(), self._seeds)
 
     def load_state(self, state: LlamaState) -> None:
         """Restore a save_state() of a Llama on the same model and context size (llama_state_set_data); a
         state that does not fit is a LlamaError and leaves the context empty."""
-        _, ctx = self._generative()
-        n = int(state.n_tokens)
-        ids = np.asarray(state.input_ids).reshape(-1)
-        if not 0 <= n <= min(len(ids), ctx.n_ctx):
-            raise ValueError(f"state.n_tokens {n} does not fit its input_ids ({len(ids)}) or n_ctx ({ctx.n_ctx})")
-        tokens = [int(t) for t in ids[:n]]
-        if any(not 0 <= t < self.n_vocab() for t in tokens):
-            raise ValueError(f"state.input_ids has token ids outside [0, {self.n_vocab()})")
-        data = bytes(state.llama_state)[: int(state.llama_state_size)]
-        try:
-            _llama.set_context_state(ctx, data)
-        except BaseException:
-            self._tokens.clear()
-            raise
-        self._tokens = tokens
-        rows = np.asarray(state.scores)
-        if self._logits_all and rows.ndim == 2 and rows.shape[0] >= n and rows.shape[1] == self.n_vocab():
-            self._keep_rows(0, rows[:n])
-        self._seed_value = state.seed
-        if getattr(state, "rng_state", None) is not None:
-            self._rng.bit_generator.state = state.rng_state
-        else:
-            self._rng = np.random.default_rng(state.seed)
+        states.load(self._seq(), self._seeds, state)
 
     # -- embeddings --
 
@@ -544,48 +486,16 @@ class Llama:
 
     def reset(self) -> None:
         """Forget everything in the context."""
-        self._parts()[1].clear()
-        self._tokens.clear()
+        self._seq(generative=False).clear()
 
     def eval(self, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to the context; return their logits, shape (len(tokens), n_vocab) (with
         logits_all=True also kept in scores)."""
-        _, ctx = self._generative()
-        tokens = [int(t) for t in tokens]
-        if len(self._tokens) + len(tokens) > ctx.n_ctx:
-            raise ContextFullError(f"{len(self._tokens)} cached + {len(tokens)} new tokens exceed "
-                                   f"n_ctx={ctx.n_ctx}")
-        logits = ctx.decode(tokens, all_logits=True)
-        self._keep_rows(len(self._tokens), logits)
-        self._tokens.extend(tokens)
-        return logits
-
-    def _prompt_context(self, tokens: list[int]) -> _llama.Context:
-        """The generative context, once the prompt is known to be non-empty and to leave room for a token."""
-        _, ctx = self._generative()
-        if not tokens:
-            raise ValueError("the prompt is empty")
-        if not limits.prompt_fits(len(tokens), ctx.n_ctx):  # llama-cpp-python's words (a ValueError there)
-            raise PromptTooLongError(f"Requested tokens ({len(tokens)}) exceed context window of {ctx.n_ctx}")
-        return ctx
+        return self._seq().eval([int(t) for t in tokens])
 
     def _prefill(self, tokens: list[int]) -> int:
-        """Bring the context to `tokens`, reusing the common cached prefix; the last token's logits stay in
-        the context (output -1) for the sampler. Returns how many tokens were evaluated."""
-        ctx = self._prompt_context(tokens)
-        keep = sequence.reuse_prefix(ctx, 0, self._tokens, tokens)
-        if self._logits_all:  # every row, as llama-cpp-python's eval; the last stays for the sampler
-            self._keep_rows(keep, ctx.decode(tokens[keep:], all_logits=True))
-        else:
-            ctx.prefill(tokens[keep:])
-        self._tokens.extend(tokens[keep:])
-        return len(tokens) - keep
-
-    def _seed(self, seed: int | None) -> int:
-        """A call's seed: the one given, else the next from the Llama's generator (Llama(seed=...))."""
-        if seed is None or seed == -1:
-            return int(self._rng.integers(0, 2**32 - 1))
-        return seed
+        """Bring the context to `tokens` (Session.prefill); returns how many tokens were evaluated."""
+        return self._seq().prefill(tokens)
 
     def sampler(self, *, seed: int | None = None, grammar: str | LlamaGrammar | None = None,
                 **sampling: Any) -> _llama.Sampler:
@@ -594,10 +504,10 @@ class Llama:
         return self._chain(SamplingParams.from_kwargs(**sampling), seed, grammar)
 
     def _chain(self, params: SamplingParams, seed: int | None, grammar: str | LlamaGrammar | None) -> _llama.Sampler:
-        """The sampler chain of a call's checked params, seeded with the call's seed (_seed)."""
+        """The sampler chain of a call's checked params, seeded with the call's seed (CallSeeds.for_call)."""
         model, ctx = self._parts()
         text, root = grammar_text(grammar)
-        return chains.new_sampler(model, dataclasses.replace(params, seed=self._seed(seed)), n_ctx=ctx.n_ctx,
+        return chains.new_sampler(model, dataclasses.replace(params, seed=self._seeds.for_call(seed)), n_ctx=ctx.n_ctx,
                                   grammar=text, grammar_root=root)
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int | None = None, seed: int | None = None,
@@ -617,7 +527,7 @@ class Llama:
 
         grammar (GBNF text or a LlamaGrammar) or response_format (create_completion's) constrain the tokens.
         """
-        constraint = _constraint(grammar, response_format)
+        constraint = completion.constraint(grammar, response_format)
         params = SamplingParams.from_kwargs(**sampling)
         for tok, _ in self._steps([int(t) for t in tokens], max_tokens_limit(max_tokens), seed, stop_on_eog, constraint, None,
                                   logits_processor, stopping_criteria, params):
@@ -633,46 +543,15 @@ class Llama:
         (_prompt_logprobs)."""
         sampler = self._chain(params, seed, grammar)  # bad parameters fail before any decode
         _llama.check_logprobs(n_logprobs)
-        model, ctx = self._parts()
-        slow = logits_processor is not None or stopping_criteria is not None
-        if self.backend_sampling and n_logprobs is None and not slow:
-            ctx.set_backend_sampler(0, sampler)  # llama.cpp may keep it on the CPU (split_mode="tensor")
+        seq = self._seq(generative=False)
+        seq.use_backend(sampler, n_logprobs, logits_processor is not None or stopping_criteria is not None)
         try:
             if not prefilled:
                 self._prefill(tokens)
-            sampler.accept(tokens)  # penalties and DRY count the prompt, as in llama-cpp-python
-            produced = 0
-            tok = self._slow_sample(sampler, logits_processor) if slow else sampler.sample(ctx)
-            while True:
-                lp = None if n_logprobs is None else ctx.logprobs(tok, n_logprobs)
-                if stop_on_eog and model.is_eog(tok):
-                    return
-                if stopping_criteria is not None and stopping_criteria(
-                        np.array(self._tokens + [tok], dtype=np.intc), ctx.logits_view(-1)):
-                    return
-                yield tok, lp
-                produced += 1
-                if not limits.goes_on(produced, len(self._tokens), max_tokens, ctx.n_ctx):
-                    return
-                if slow:
-                    ctx.prefill([tok])
-                    self._tokens.append(tok)
-                    tok = self._slow_sample(sampler, logits_processor)
-                else:
-                    nxt = ctx.decode_sample(sampler, tok)
-                    self._tokens.append(tok)
-                    tok = nxt
-                if self._logits_all:  # the row of the token just decoded (the context's last output)
-                    self._keep_rows(len(self._tokens) - 1, ctx.logits_view(-1)[None, :])
+            yield from seq.steps(tokens, sampler, max_tokens, stop_on_eog, n_logprobs, logits_processor,
+                                 stopping_criteria)
         finally:
             sampler.free()  # out of the graph too
-
-    def _slow_sample(self, sampler: _llama.Sampler, logits_processor: LogitsProcessor | None) -> int:
-        _, ctx = self._parts()
-        if logits_processor is None:
-            return sampler.sample(ctx)
-        scores = logits_processor(np.array(self._tokens, dtype=np.intc), ctx.logits_view(-1).copy())
-        return sampler.sample_logits(np.asarray(scores, dtype=np.float32))
 
     def create_completion(
         self,
@@ -726,77 +605,10 @@ class Llama:
                         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                         repeat_penalty=repeat_penalty, top_k=top_k, mirostat_mode=mirostat_mode,
                         mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logit_bias=logit_bias)
-        # bad input fails here, also for a stream not yet iterated: the one chain is built at the first step
-        params = SamplingParams.from_kwargs(**sampling).checked(self.n_vocab())
-        _llama.check_logprobs(logprobs)
-        constraint = _constraint(grammar, response_format)
-        if stream and constraint is not None:
-            _llama.check_grammar(self._parts()[0], constraint.grammar, constraint.root)
-        # max_tokens checked now, not at the stream's first chunk
-        chunks = self._completion(prompt, suffix, max_tokens_limit(max_tokens), logprobs, echo, stop, seed,
-                                  responses.CompletionShape(model or self.model_path), stopping_criteria,
-                                  logits_processor, constraint, params)
-        if stream:
-            return chunks
-        return responses.merged_completion(chunks, model or self.model_path, logprobs is not None)
+        return completion.create(self, prompt, suffix, max_tokens, logprobs, echo, stop, seed, model, stopping_criteria,
+                                 logits_processor, grammar, response_format, stream, sampling)
 
     __call__ = create_completion
-
-    def _completion(self, prompt: str | Sequence[int], suffix: str | None, max_tokens: int | None,
-                    n_logprobs: int | None, echo: bool, stop: str | Sequence[str] | None, seed: int | None,
-                    shape: responses.CompletionShape, stopping_criteria: StoppingCriteria | None,
-                    logits_processor: LogitsProcessor | None, grammar: str | LlamaGrammar | None,
-                    params: SamplingParams) -> Iterator[dict[str, Any]]:
-        model = self._model_part()
-        # special-token text (e.g. "<|im_start|>") is parsed, as llama-cpp-python and llama-server do
-        prompt_tokens = (self.tokenize(prompt, special=True) if isinstance(prompt, (str, bytes))
-                         else [int(t) for t in prompt])
-        prompt_text = completion_text(model, prompt_tokens).decode("utf-8", "replace") \
-            if echo or not isinstance(prompt, str) else prompt
-        scored = echo and n_logprobs is not None
-        if echo:
-            yield shape.chunk(prompt_text, None, self._prompt_logprobs(prompt_tokens, n_logprobs) if scored else None)
-        if self.cache is not None and not scored:
-            self._from_cache(prompt_tokens)
-        # a tool call's output keeps special tokens' text: a format's markers may be such
-        out = CompletionStream(model, [stop] if isinstance(stop, str) else list(stop or []),
-                               special=isinstance(grammar, ToolCallGrammar), logprobs=n_logprobs is not None,
-                               prompt_len=len(prompt) if isinstance(prompt, str) else len(prompt_text))
-        for tok, lp in self._steps(prompt_tokens, max_tokens, seed, True, grammar, n_logprobs, logits_processor,
-                                   stopping_criteria, params, prefilled=scored):
-            ready, rows = out.push(tok, lp)
-            if ready:
-                yield shape.chunk(ready, None, completion_logprobs(rows) if rows else None)
-            if out.stopped:
-                break
-        n_out = len(out.tokens)
-        # a stop string, else the limits (max_tokens, the context's end), else an end-of-generation token
-        limited = not limits.goes_on(n_out, len(self._tokens), max_tokens, self._parts()[1].n_ctx)
-        finish = "length" if limited and not out.stopped else "stop"
-        tail, rows = out.finish(suffix or "")
-        usage = {"prompt_tokens": len(prompt_tokens), "completion_tokens": n_out,
-                 "total_tokens": len(prompt_tokens) + n_out}
-        if self.cache is not None:
-            self.cache[self._tokens] = self.save_state()
-        yield shape.chunk(tail, finish, None if rows is None else completion_logprobs(rows), usage=usage)
-
-    def _prompt_logprobs(self, tokens: list[int], n_top: int) -> dict[str, list[Any]]:
-        """echo=True with logprobs: the prompt evaluated from its start with an output at every token, each
-        token scored from the row before it in C (Context.decode_logprobs), in llama-cpp-python's format."""
-        ctx = self._prompt_context(tokens)
-        rows = scoring.score_prompt(ctx, 0, self._tokens, tokens, n_top, piece_of(self._model_part()),
-                                    self.token_bos(), rows=self._scores_rows()[:len(tokens)] if self._logits_all else None)
-        return completion_logprobs(rows)
-
-    def _from_cache(self, prompt_tokens: Sequence[int]) -> None:
-        """Load the cached state sharing the longest prefix with prompt_tokens, if longer than the context's."""
-        try:
-            state = self.cache[prompt_tokens]
-        except KeyError:
-            return
-        cached = sequence.common_prefix([int(t) for t in state.input_ids[: state.n_tokens]], prompt_tokens)
-        if cached > sequence.common_prefix(self._tokens, prompt_tokens):
-            self.load_state(state)
 
     def create_chat_completion_openai_v1(self, *args: Any, **kwargs: Any) -> Any:
         """llama-cpp-python's: create_chat_completion's answer as the openai package's ChatCompletion (an
