@@ -1,6 +1,6 @@
 """An OpenAI-compatible server over one llama.cpp context with parallel slots: `python -m pyllama_so.server`.
 
-engine.py holds the slots and the thread that batches them; app.py builds the FastAPI app: the routers of
+engine/ holds the slots and the thread that batches them; app.py builds the FastAPI app: the routers of
 routers/ (openai.py the OpenAI completions and chat, with server-sent events from sse-starlette; native.py
 llama-server's /completion, /infill, /tokenize, /detokenize and /apply-template; status.py /health,
 /v1/models, /props, /slots, /metrics (metrics.py) and /engine; embeddings.py the embedding routes), the
