@@ -8,6 +8,7 @@ pools each ubatch on its own), and at most n_seq_max sequences (each input is on
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -82,3 +83,23 @@ def embed_tokens(ctx: _llama.Context, inputs: Sequence[Sequence[int]]) -> list[n
     finally:
         ctx.set_embeddings(False)
     return out
+
+
+def embedding_inputs(input: str | list[str]) -> list[str]:
+    """Llama.embed's input (a str or a list of str) as a list; ValueError for anything else."""
+    if isinstance(input, str):
+        return [input]
+    if isinstance(input, list) and all(isinstance(t, str) for t in input):
+        return input
+    raise ValueError("input must be a str or a list of str")
+
+
+def embedding_lists(arrays: Sequence[np.ndarray], normalized: bool) -> list[Any]:
+    """embed_tokens' arrays as llama-cpp-python returns them, lists of floats (a list per token with pooling
+    "none"); normalized: each vector divided by its Euclidean norm."""
+    data = []
+    for emb in arrays:
+        if normalized:
+            emb = np.stack([normalize(r) for r in emb]) if emb.ndim == 2 else normalize(emb)
+        data.append(emb.tolist())
+    return data

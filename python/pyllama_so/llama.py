@@ -23,12 +23,13 @@ from pyllama_so import chat_template as templates
 from pyllama_so._llama import ModelLoadError
 from pyllama_so.chat_template import ChatTemplate
 from pyllama_so.config import ContextParams, ModelParams, check_combination, create_context, load_model
-from pyllama_so.embeddings import embed_tokens, embedding_sequences, normalize as normalize_embedding
-from pyllama_so.generation import chat, completion, sampler as chains, sequence, state as states
+from pyllama_so.embeddings import batch_limit, embed_tokens, embedding_inputs, embedding_lists, embedding_sequences
+from pyllama_so.generation import chat, completion, responses, sampler as chains, sequence, state as states
 from pyllama_so.generation.hooks import LogitsProcessor, StoppingCriteria
 from pyllama_so.generation.limits import max_tokens_limit as max_tokens_limit  # the server's schemas import it here
 from pyllama_so.generation.session import Session
 from pyllama_so.generation.state import LlamaState as LlamaState  # its home is generation.state
+from pyllama_so.generation.text import pieces_text
 from pyllama_so.grammar import LlamaGrammar, grammar_text
 from pyllama_so.sampling import SamplingParams
 
@@ -36,6 +37,18 @@ if TYPE_CHECKING:
     from pyllama_so.tokenizer import LlamaTokenizer
 
 _GGUF_MAGIC = b"GGUF"
+
+
+def _check_lora(lora_path: str | os.PathLike[str] | None, lora_scale: float, model_params: ModelParams) -> None:
+    if isinstance(lora_scale, bool) or not isinstance(lora_scale, (int, float)) or not math.isfinite(lora_scale):
+        raise ValueError(f"lora_scale must be a finite number, got {lora_scale!r}")
+    if model_params.vocab_only and lora_path is not None:
+        raise ValueError("lora_path needs the model's weights, which vocab_only=True does not load")
+    if lora_path is not None and model_params.split_mode == "tensor":  # ggml's Meta backend cannot split it
+        raise ValueError('lora_path is not supported with split_mode="tensor": llama.cpp\'s tensor split cannot '
+                         "split a LoRA adapter's tensors (it aborts); use split_mode=\"layer\"")
+    if lora_path is not None and not Path(os.fspath(lora_path)).is_file():
+        raise FileNotFoundError(f"LoRA adapter not found: {os.fspath(lora_path)}")
 
 
 def _check_gguf_file(path: Path) -> None:
@@ -50,57 +63,40 @@ def _check_gguf_file(path: Path) -> None:
 
 
 class Llama:
-    """A GGUF model and one context on it. Use as a context manager, or call close().
+    """A GGUF model and one context on it, with llama-cpp-python's API. Use as a context manager, or call close().
 
-    n_ctx: llama.cpp rounds the context up to a multiple of 256 tokens, so it is at least 256
-    (0: the model's training context); a request that changes is warned about (UserWarning), and
-    n_ctx() is what the context holds.
-
-    verbose: show llama.cpp's log from the info level on (default: warnings and errors). A level set
-    with pyllama_so.set_log_level() before is kept: verbose=True only lowers it to info.
-
-    split_overlap: with split_mode="tensor", consecutive ubatches alternate between two lanes (each
-    with its own scheduler, streams, AllReduce context and compute buffers), so one ubatch's
-    AllReduces run while the next ubatch computes. It helps prompt processing where the AllReduces
-    take a noticeable share of the time; n_ubatch is the size of each lane's ubatch, by default half
-    of n_batch (else 512, as llama.cpp), so that every batch feeds both lanes.
-    The logits are bitwise identical to those without it. A decode call of one ubatch under 64 tokens
-    (decoding) stays on lane 0. Each lane reserves its own compute buffers. Without split_mode="tensor" it is a
-    ValueError; where the library keeps the lanes off (e.g. not every layer on the split devices),
-    a UserWarning says why. split_overlap_stats() tells what ran; docs/multi-gpu.md has the details.
-
-    rpc_servers: llama.cpp's RPC backend, devices of other machines ("host:port" of each
-    `python -m pyllama_so.rpc_server`, a list or a comma-separated string as llama.cpp's --rpc). Their
-    devices come first, then the local ones; tensor_split and main_gpu count them in that order. A server
-    that cannot be reached is an RPCConnectionError (a ConnectionError) before the model loads; one that
-    goes away later makes the next eval or generation step raise it (docs/multi-gpu.md, "More than one
-    machine").
-
-    backend_sampling: run the sampler chain inside the decode graph on the model's output device
-    (llama.cpp's experimental backend sampling), so only the token leaves the GPU. Off by default; greedy
-    tokens are the same either way. llama.cpp keeps it on the CPU under split_mode="tensor", for a
-    grammar, logprobs, logits processors and stopping criteria.
-
-    chat_format / chat_template: the template of create_chat_completion. By default it is the model's own
-    (tokenizer.chat_template, a Jinja template rendered by Jinja2 as llama-cpp-python and transformers do;
-    it needs the `chat` extra), else llama.cpp's built-in "chatml". chat_format names a template: one of
-    llama.cpp's built-ins (pyllama_so.chat_template.builtin_names(): "chatml", "llama3", "gemma", ...;
-    llama-cpp-python's "llama-2" and "llama-3" too), "chat_template.default" (the model's own) or
-    "chat_template.NAME" (the model's tokenizer.chat_template.NAME). chat_template is a Jinja template text,
-    or a name as chat_format. A template given here is checked at once (ValueError); the model's own is
-    compiled at the first chat.
-    As llama-cpp-python's Llama: vocab_only=True loads the vocabulary and metadata only (tokenize,
-    detokenize, metadata; eval, generation and embeddings raise). kv_overrides replaces GGUF metadata
-    values while loading (key -> bool/int/float/str). embedding=True makes embed() / create_embedding()
-    work, with pooling_type ("none", "mean", "cls", "last", "rank", or llama.cpp's -1..4; None: the
-    model's own, "none" when it has none); an embedding batch is one ubatch, so n_ubatch defaults to
-    n_batch then. lora_path applies a LoRA adapter GGUF with lora_scale (lora_base is accepted and unused,
-    as in llama-cpp-python; not under split_mode="tensor", whose Meta backend cannot split the adapter). logits_all=True keeps every evaluated token's logits row in scores /
-    eval_logits (also during generation), as llama-cpp-python.
+    n_ctx: llama.cpp rounds the context up to a multiple of 256 tokens (0: the model's training context); a
+    request that changes is warned about (UserWarning), and n_ctx() is what the context holds.
+    verbose: show llama.cpp's log from the info level on (default: warnings and errors). A level set with
+    pyllama_so.set_log_level() before is kept: verbose=True only lowers it to info.
+    split_overlap (split_mode="tensor" only, else a ValueError): consecutive ubatches alternate between two lanes,
+    each with its own scheduler, streams, AllReduce context and compute buffers, so one ubatch's AllReduces run
+    while the next computes; n_ubatch (each lane's ubatch) defaults to half of n_batch. The logits are bitwise the
+    same; a decode of one ubatch under 64 tokens stays on lane 0. Where the library keeps the lanes off, a
+    UserWarning says why; split_overlap_stats() tells what ran (docs/multi-gpu.md).
+    rpc_servers: devices of other machines through llama.cpp's RPC backend ("host:port" of each
+    `python -m pyllama_so.rpc_server`, a list or a comma-separated string); they come first in tensor_split and
+    main_gpu. One that cannot be reached is an RPCConnectionError before the model loads; one that goes away
+    later makes the next eval or generation step raise it (docs/multi-gpu.md, "More than one machine").
+    backend_sampling: the sampler chain runs inside the decode graph on the output device (llama.cpp's
+    experimental backend sampling); greedy tokens are the same. llama.cpp keeps it on the CPU under
+    split_mode="tensor", for a grammar, logprobs, logits processors and stopping criteria.
+    chat_format / chat_template: the template of create_chat_completion; by default the model's own
+    (tokenizer.chat_template, Jinja rendered by Jinja2 as llama-cpp-python and transformers do: the `chat` extra),
+    else llama.cpp's "chatml". chat_format names one of llama.cpp's built-ins
+    (pyllama_so.chat_template.builtin_names(); llama-cpp-python's "llama-2" and "llama-3" too),
+    "chat_template.default" or "chat_template.NAME" (the model's tokenizer.chat_template.NAME); chat_template is
+    a Jinja text or such a name. One given here is checked at once (ValueError); the model's own at the first chat.
+    As llama-cpp-python's Llama: vocab_only=True loads the vocabulary and metadata only; kv_overrides replaces
+    GGUF metadata values while loading (key -> bool/int/float/str); embedding=True makes embed() /
+    create_embedding() work, with pooling_type ("none", "mean", "cls", "last", "rank", or -1..4; None: the
+    model's own), n_ubatch then defaulting to n_batch (an embedding batch is one ubatch); lora_path applies a
+    LoRA adapter GGUF with lora_scale (lora_base is unused; not under split_mode="tensor", whose Meta backend
+    cannot split it); logits_all=True keeps every evaluated token's logits row in scores / eval_logits.
 
     The model and context arguments become pyllama_so.config's ModelParams and ContextParams (model_params,
-    context_params), the objects the bench, the server and the perplexity tool make from their flags: the
-    same rules and messages everywhere.
+    context_params), which the bench, the server and the perplexity tool make from their flags. Generation goes
+    through pyllama_so.generation, the layer the server's engine uses too.
     """
 
     # defaults for close() and __del__ when __init__ never ran (a misspelled keyword)
@@ -154,15 +150,7 @@ class Llama:
         model_params = ModelParams(n_gpu_layers=n_gpu_layers, split_mode=split_mode, main_gpu=main_gpu,
                                    tensor_split=tensor_split, attn_split=attn_split, rpc_servers=rpc_servers,
                                    use_mmap=use_mmap, vocab_only=vocab_only, kv_overrides=kv_overrides)
-        if isinstance(lora_scale, bool) or not isinstance(lora_scale, (int, float)) or not math.isfinite(lora_scale):
-            raise ValueError(f"lora_scale must be a finite number, got {lora_scale!r}")
-        if vocab_only and lora_path is not None:
-            raise ValueError("lora_path needs the model's weights, which vocab_only=True does not load")
-        if lora_path is not None and model_params.split_mode == "tensor":  # ggml's Meta backend cannot split it
-            raise ValueError('lora_path is not supported with split_mode="tensor": llama.cpp\'s tensor split cannot '
-                             "split a LoRA adapter's tensors (it aborts); use split_mode=\"layer\"")
-        if lora_path is not None and not Path(os.fspath(lora_path)).is_file():
-            raise FileNotFoundError(f"LoRA adapter not found: {os.fspath(lora_path)}")
+        _check_lora(lora_path, lora_scale, model_params)
         cpus = os.cpu_count() or 1  # llama-cpp-python's defaults: half the CPUs for generation, all for batches
         context_params = ContextParams(
             n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads or max(cpus // 2, 1),
@@ -195,18 +183,22 @@ class Llama:
         self._logits_all = logits_all
         self._seeds = states.CallSeeds(seed)
         _llama.set_verbose(verbose)
+        self._load(path, n_ctx, chat_template)
 
-        self._model = load_model(path, model_params)
+    def _load(self, path: Path, n_ctx: int, chat_template: str | None) -> None:
+        """Load the model, then (unless vocab_only) the chosen chat template, the context and the LoRA adapter."""
+        chat_format, split_overlap = self.chat_format, self.split_overlap
+        self._model = load_model(path, self.model_params)
         self.metadata: dict[str, str] = self._model.metadata()
-        if vocab_only:
+        if self.vocab_only:
             return
         try:
             if chat_format is not None:  # before the context, whose KV cache may take long to allocate
                 self._chat = templates.from_spec(self._model, chat_format, name="chat_format=")
             elif chat_template is not None:
                 self._chat = templates.from_spec(self._model, chat_template, name="chat_template=")
-            self._ctx = create_context(self._model, context_params)
-            self._session = Session(self._ctx, logits_all=logits_all, backend_sampling=backend_sampling)
+            self._ctx = create_context(self._model, self.context_params)
+            self._session = Session(self._ctx, logits_all=self._logits_all, backend_sampling=self.backend_sampling)
             self._ctx.set_embeddings(False)  # generation outputs logits only; embed() turns embeddings on
             if self.lora_path is not None:
                 self._lora = _llama.LoraAdapter(self._model, self.lora_path)
@@ -216,11 +208,11 @@ class Llama:
             raise
         if n_ctx and self._ctx.n_ctx != n_ctx:
             warnings.warn(f"n_ctx={n_ctx} became {self._ctx.n_ctx}: llama.cpp rounds the context up to a "
-                          "multiple of 256 tokens", UserWarning, stacklevel=2)
+                          "multiple of 256 tokens", UserWarning, stacklevel=3)
         if split_overlap:
             stats = self._ctx.split_overlap_stats()
             if not stats["enabled"]:  # llama.cpp logs it too, but the log may be hidden
-                warnings.warn(f"split_overlap stays off: {stats['reason']}", UserWarning, stacklevel=2)
+                warnings.warn(f"split_overlap stays off: {stats['reason']}", UserWarning, stacklevel=3)
 
     # -- lifetime --
 
@@ -410,12 +402,7 @@ class Llama:
         """Token ids to bytes as llama-cpp-python 0.3.x: each token's piece joined (special: also the text
         of special tokens), and one leading space dropped when the first token is BOS. prev_tokens is
         accepted and unused, as in llama-cpp-python's own tokenizer."""
-        model = self._model_part()
-        tokens = [int(t) for t in tokens]
-        text = model.detokenize_pieces(tokens, special=special)
-        if tokens and tokens[0] == model.token_bos and text.startswith(b" "):
-            return text[1:]
-        return text
+        return pieces_text(self._model_part(), [int(t) for t in tokens], special)
 
     # -- seeds and state --
 
@@ -450,37 +437,19 @@ class Llama:
         _, ctx = self._parts()
         if not self.embedding:
             raise RuntimeError("Llama.embed needs a Llama created with embedding=True")
-        if isinstance(input, str):
-            inputs = [input]
-        elif isinstance(input, list) and all(isinstance(t, str) for t in input):
-            inputs = input
-        else:
-            raise ValueError("input must be a str or a list of str")
-        limit = min(ctx.n_batch, ctx.n_ubatch, ctx.n_ctx)
-        tokens = [self.tokenize(text.encode("utf-8")) for text in inputs]
+        tokens = [self.tokenize(text.encode("utf-8")) for text in embedding_inputs(input)]
         if truncate:
-            tokens = [t[:limit] for t in tokens]
+            tokens = [t[:batch_limit(ctx)] for t in tokens]
         self._tokens.clear()  # embedding clears the KV cache
-        arrays = embed_tokens(ctx, tokens)
-        data = []
-        for emb in arrays:
-            if normalize:
-                emb = np.stack([normalize_embedding(r) for r in emb]) if emb.ndim == 2 else normalize_embedding(emb)
-            data.append(emb.tolist())
+        data = embedding_lists(embed_tokens(ctx, tokens), normalize)
         output = data[0] if isinstance(input, str) else data
-        if return_count:
-            return output, sum(len(t) for t in tokens)
-        return output
+        return (output, sum(len(t) for t in tokens)) if return_count else output
 
     def create_embedding(self, input: str | list[str], model: str | None = None) -> dict[str, Any]:
         """OpenAI's embedding response as llama-cpp-python builds it (embed() without normalisation)."""
         embeds, total = self.embed(input, return_count=True)
-        if isinstance(input, str):
-            embeds = [embeds]
-        return {"object": "list",
-                "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeds)],
-                "model": model if model is not None else self.model_path,
-                "usage": {"prompt_tokens": total, "total_tokens": total}}
+        return responses.embedding_response([embeds] if isinstance(input, str) else embeds, total,
+                                            model if model is not None else self.model_path)
 
     # -- evaluation --
 
@@ -519,14 +488,12 @@ class Llama:
         temperature/temp, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty, presence_penalty,
         penalty_last_n, mirostat_*, dry_*, xtc_*, top_n_sigma, logit_bias); temperature=0 is greedy. Stops at
         max_tokens (None, 0 or less: no limit, as in create_completion), the end of the context, or an
-        end-of-generation token (which is not yielded).
+        end-of-generation token (which is not yielded). grammar (GBNF text or a LlamaGrammar) or response_format
+        (create_completion's) constrain the tokens.
 
         Each step decodes, samples and accepts in C with the GIL released; Python sees only token ids. A
         logits_processor(input_ids, scores) -> scores or stopping_criteria(input_ids, scores) -> bool is
-        llama-cpp-python's slow path: the logits row of every step is copied into numpy for it.
-
-        grammar (GBNF text or a LlamaGrammar) or response_format (create_completion's) constrain the tokens.
-        """
+        llama-cpp-python's slow path: the logits row of every step is copied into numpy for it."""
         constraint = completion.constraint(grammar, response_format)
         params = SamplingParams.from_kwargs(**sampling)
         for tok, _ in self._steps([int(t) for t in tokens], max_tokens_limit(max_tokens), seed, stop_on_eog, constraint, None,
@@ -553,45 +520,25 @@ class Llama:
         finally:
             sampler.free()  # out of the graph too
 
-    def create_completion(
-        self,
-        prompt: str | Sequence[int],
-        suffix: str | None = None,
-        max_tokens: int | None = 16,
-        temperature: float = 0.8,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        typical_p: float = 1.0,
-        logprobs: int | None = None,
-        echo: bool = False,
-        stop: str | Sequence[str] | None = None,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        repeat_penalty: float = 1.0,
-        top_k: int = 40,
-        stream: bool = False,
-        seed: int | None = None,
-        tfs_z: float = 1.0,
-        mirostat_mode: int = 0,
-        mirostat_tau: float = 5.0,
-        mirostat_eta: float = 0.1,
-        model: str | None = None,
-        stopping_criteria: StoppingCriteria | None = None,
-        logits_processor: LogitsProcessor | None = None,
-        grammar: str | LlamaGrammar | None = None,
-        logit_bias: dict[int, float] | None = None,
-        *,
-        response_format: dict[str, Any] | None = None,
-        **sampling: Any,
+    def create_completion(  # llama-cpp-python's signature, positional order included
+        self, prompt: str | Sequence[int], suffix: str | None = None, max_tokens: int | None = 16,
+        temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+        logprobs: int | None = None, echo: bool = False, stop: str | Sequence[str] | None = None,
+        frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
+        stream: bool = False, seed: int | None = None, tfs_z: float = 1.0, mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: str | None = None,
+        stopping_criteria: StoppingCriteria | None = None, logits_processor: LogitsProcessor | None = None,
+        grammar: str | LlamaGrammar | None = None, logit_bias: dict[int, float] | None = None, *,
+        response_format: dict[str, Any] | None = None, **sampling: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """OpenAI-style text completion with llama-cpp-python's signature (positional order included).
+        """OpenAI-style text completion with llama-cpp-python's signature, defaults and result shapes.
 
-        max_tokens None, 0 or less: up to the end of the context (llama-cpp-python's rule). logprobs=N (0..MAX_LOGPROBS): per generated
-        token its text, offset, log-probability and the top N alternatives, in llama-cpp-python's format
-        (log-softmax of the model's logits, computed in C); with echo=True the prompt's tokens come first, each
-        scored given the ones before it (a leading BOS left out, the first listed token's entries None, as
-        there), the prompt then evaluated again from its start. Further llama.cpp samplers by keyword
-        (penalty_last_n, dry_*, xtc_*, top_n_sigma, min_keep). tfs_z is accepted and ignored (llama.cpp
+        max_tokens None, 0 or less: up to the end of the context (llama-cpp-python's rule). logprobs=N
+        (0..MAX_LOGPROBS): per generated token its text, offset, log-probability and the top N alternatives, in
+        llama-cpp-python's format (log-softmax of the model's logits, computed in C); with echo=True the prompt's
+        tokens come first, each scored given the ones before it (a leading BOS left out, the first listed token's
+        entries None, as there), the prompt then evaluated again from its start. Further llama.cpp samplers by
+        keyword (penalty_last_n, dry_*, xtc_*, top_n_sigma, min_keep). tfs_z is accepted and ignored (llama.cpp
         removed tail-free sampling); suffix is appended to the text; model names the response's model.
 
         Structured output: grammar= (GBNF text or a LlamaGrammar), or response_format=
@@ -613,45 +560,21 @@ class Llama:
     def create_chat_completion_openai_v1(self, *args: Any, **kwargs: Any) -> Any:
         """llama-cpp-python's: create_chat_completion's answer as the openai package's ChatCompletion (an
         iterator of ChatCompletionChunk with stream=True). ImportError without the openai package."""
-        try:
-            from openai.types.chat import ChatCompletion, ChatCompletionChunk
-        except ImportError:
-            raise ImportError("create_chat_completion_openai_v1 needs the openai package: pip install openai") from None
+        types = responses.openai_chat_types()
         out = self.create_chat_completion(*args, **kwargs)
-        if kwargs.get("stream"):
-            return (ChatCompletionChunk(**chunk) for chunk in out)
-        return ChatCompletion(**out)
+        return responses.as_openai(out, types, bool(kwargs.get("stream")))
 
-    def create_chat_completion(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        functions: Sequence[Mapping[str, Any]] | None = None,
-        function_call: str | Mapping[str, Any] | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        tool_choice: str | Mapping[str, Any] | None = None,
-        temperature: float = 0.2,
-        top_p: float = 0.95,
-        top_k: int = 40,
-        min_p: float = 0.05,
-        typical_p: float = 1.0,
-        stream: bool = False,
-        stop: str | Sequence[str] | None = None,
-        seed: int | None = None,
-        response_format: Mapping[str, Any] | None = None,
-        max_tokens: int | None = None,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        repeat_penalty: float = 1.0,
-        tfs_z: float = 1.0,
-        mirostat_mode: int = 0,
-        mirostat_tau: float = 5.0,
-        mirostat_eta: float = 0.1,
-        model: str | None = None,
-        logits_processor: Any = None,
-        grammar: Any = None,
-        logit_bias: Mapping[Any, float] | None = None,
-        logprobs: bool | None = None,
-        top_logprobs: int | None = None,
+    def create_chat_completion(  # llama-cpp-python's signature, positional order included
+        self, messages: Sequence[Mapping[str, Any]], functions: Sequence[Mapping[str, Any]] | None = None,
+        function_call: str | Mapping[str, Any] | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None, temperature: float = 0.2, top_p: float = 0.95,
+        top_k: int = 40, min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
+        stop: str | Sequence[str] | None = None, seed: int | None = None,
+        response_format: Mapping[str, Any] | None = None, max_tokens: int | None = None,
+        presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
+        tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+        model: str | None = None, logits_processor: Any = None, grammar: Any = None,
+        logit_bias: Mapping[Any, float] | None = None, logprobs: bool | None = None, top_logprobs: int | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """OpenAI-style chat completion with llama-cpp-python's signature, defaults and result shapes.

@@ -49,6 +49,31 @@ def merged_completion(chunks: Iterable[Mapping[str, Any]], model: str, logprobs:
             "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": finish}], "usage": usage}
 
 
+def embedding_response(embeds: Sequence[Any], total: int, model: str) -> dict[str, Any]:
+    """OpenAI's embedding response as llama-cpp-python builds it: a vector (or a list per token) per input, and
+    total, the tokens embedded, as the usage."""
+    return {"object": "list",
+            "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeds)],
+            "model": model, "usage": {"prompt_tokens": total, "total_tokens": total}}
+
+
+def openai_chat_types() -> tuple[type, type]:
+    """The openai package's ChatCompletion and ChatCompletionChunk (ImportError without it)."""
+    try:
+        from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    except ImportError:
+        raise ImportError("create_chat_completion_openai_v1 needs the openai package: pip install openai") from None
+    return ChatCompletion, ChatCompletionChunk
+
+
+def as_openai(out: Any, types: tuple[type, type], stream: bool) -> Any:
+    """A chat completion (a stream of chunks with stream) as the openai package's objects."""
+    completion_type, chunk_type = types
+    if stream:
+        return (chunk_type(**chunk) for chunk in out)
+    return completion_type(**out)
+
+
 def chat_logprobs(logprobs: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A completion's logprobs ({"tokens", "token_logprobs", "top_logprobs": [{token: logprob}]}) in the chat
     shape ({"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}],

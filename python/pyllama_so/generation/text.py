@@ -80,6 +80,15 @@ class TextStream:
         return out
 
 
+def pieces_text(model: _llama.Model, tokens: list[int], special: bool = False) -> bytes:
+    """Token ids to bytes as llama-cpp-python 0.3.x detokenizes: each token's piece joined (special: also the text
+    of special tokens), one leading space dropped when the first token is BOS."""
+    text = model.detokenize_pieces(tokens, special=special)
+    if tokens and tokens[0] == model.token_bos and text.startswith(b" "):
+        return text[1:]
+    return text
+
+
 def completion_text(model: _llama.Model, tokens: Sequence[int], special: bool = False) -> bytes:
     """The text of tokens as a completion shows it: llama_detokenize (special: with special tokens' text)."""
     return model.detokenize_bytes(list(tokens), unparse_special=special)
