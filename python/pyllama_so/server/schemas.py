@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from pyllama_so.generation.limits import max_tokens_limit
 from pyllama_so.grammar import resolve_grammar
-from pyllama_so.llama import max_tokens_limit
 from pyllama_so.chat_template import ChatTemplate
 from pyllama_so.sampling import SamplingParams
 

@@ -24,7 +24,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from pyllama_so import _llama
-from pyllama_so.logprobs import TokenLogprob
+from pyllama_so.generation.logprobs import TokenLogprob
 from pyllama_so.server import errors
 from pyllama_so.server.chat import render, with_tools
 from pyllama_so.server.engine import Delta, Done, Engine

@@ -18,8 +18,8 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from pyllama_so.llama import max_tokens_limit
-from pyllama_so.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
+from pyllama_so.generation.limits import max_tokens_limit
+from pyllama_so.generation.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from pyllama_so.server import errors
 from pyllama_so.server.chat import render, with_tools
 from pyllama_so.server.engine import Delta, Done, Engine, Event
