@@ -23,7 +23,7 @@ from pyllama_so._llama import (
 from pyllama_so.cache import LlamaCache, LlamaRAMCache
 from pyllama_so.grammar import LlamaGrammar
 from pyllama_so.llama import Llama, LlamaState
-from pyllama_so.logprobs import LogitsProcessorList, StoppingCriteriaList
+from pyllama_so.generation.hooks import LogitsProcessorList, StoppingCriteriaList
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.tokenizer import LlamaTokenizer
 
