@@ -27,7 +27,7 @@ from pyllama_so.embeddings import batch_limit, embed_tokens, embedding_inputs, e
 from pyllama_so.generation import chat, completion, responses, sampler as chains, sequence, state as states
 from pyllama_so.generation.hooks import LogitsProcessor, StoppingCriteria
 from pyllama_so.generation.limits import max_tokens_limit as max_tokens_limit  # the server's schemas import it here
-from pyllama_so.generation.session import Session
+from pyllama_so.generation.session import Logprobs, Session
 from pyllama_so.generation.state import LlamaState as LlamaState  # its home is generation.state
 from pyllama_so.generation.text import pieces_text
 from pyllama_so.grammar import LlamaGrammar, grammar_text
@@ -496,15 +496,15 @@ class Llama:
         llama-cpp-python's slow path: the logits row of every step is copied into numpy for it."""
         constraint = completion.constraint(grammar, response_format)
         params = SamplingParams.from_kwargs(**sampling)
-        for tok, _ in self._steps([int(t) for t in tokens], max_tokens_limit(max_tokens), seed, stop_on_eog, constraint, None,
-                                  logits_processor, stopping_criteria, params):
+        for tok, _ in self._steps([int(t) for t in tokens], max_tokens_limit(max_tokens), seed, stop_on_eog, constraint,
+                                  None, logits_processor, stopping_criteria, params):
             yield tok
 
     def _steps(self, tokens: list[int], max_tokens: int | None, seed: int | None, stop_on_eog: bool,
                grammar: str | LlamaGrammar | None, n_logprobs: int | None,
                logits_processor: LogitsProcessor | None, stopping_criteria: StoppingCriteria | None,
                params: SamplingParams, prefilled: bool = False
-               ) -> Iterator[tuple[int, tuple[float, list[tuple[int, float]]] | None]]:
+               ) -> Iterator[tuple[int, Logprobs | None]]:
         """(token, logprobs or None) per generated token: the one generation loop of Llama, with the call's one
         sampler chain. prefilled: the context holds `tokens` already, the last one's logits its last output
         (_prompt_logprobs)."""

@@ -60,7 +60,8 @@ def chat_completion(llm: Llama, messages: Sequence[Mapping[str, Any]], functions
     return responses.chat_response(out, name)  # type: ignore[arg-type]
 
 
-def chat_with_tools(llm: Llama, template: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
+def chat_with_tools(llm: Llama, template: Any, messages: Sequence[Mapping[str, Any]],
+                    tools: Sequence[Mapping[str, Any]],
                     tool_choice: Any, template_kwargs: Mapping[str, Any] | None, name: str, *,
                     max_tokens: int | None, temperature: float, top_p: float, top_k: int, min_p: float,
                     stop: str | Sequence[str] | None, seed: int | None, stream: bool,

@@ -64,7 +64,8 @@ def chunks(llm: Llama, prompt: str | Sequence[int], suffix: str | None, max_toke
         if echo or not isinstance(prompt, str) else prompt
     scored = echo and n_logprobs is not None
     if echo:
-        yield shape.chunk(prompt_text, None, prompt_logprobs(llm, prompt_tokens, n_logprobs) if scored else None)
+        scores = None if n_logprobs is None else prompt_logprobs(llm, prompt_tokens, n_logprobs)
+        yield shape.chunk(prompt_text, None, scores)
     if llm.cache is not None and not scored:
         from_cache(llm, prompt_tokens)
     # a tool call's output keeps special tokens' text: a format's markers may be such
@@ -82,12 +83,12 @@ def chunks(llm: Llama, prompt: str | Sequence[int], suffix: str | None, max_toke
     # a stop string, else the limits (max_tokens, the context's end), else an end-of-generation token
     limited = not limits.goes_on(n_out, llm.n_tokens, max_tokens, llm.n_ctx())
     finish = "length" if limited and not out.stopped else "stop"
-    tail, rows = out.finish(suffix or "")
+    tail, last = out.finish(suffix or "")
     usage = {"prompt_tokens": len(prompt_tokens), "completion_tokens": n_out,
              "total_tokens": len(prompt_tokens) + n_out}
     if llm.cache is not None:
         llm.cache[llm._tokens] = llm.save_state()
-    yield shape.chunk(tail, finish, None if rows is None else completion_logprobs(rows), usage=usage)
+    yield shape.chunk(tail, finish, None if last is None else completion_logprobs(last), usage=usage)
 
 
 def prompt_logprobs(llm: Llama, tokens: list[int], n_top: int) -> dict[str, list[Any]]:

@@ -34,7 +34,8 @@ class CompletionShape:
 def merged_completion(chunks: Iterable[Mapping[str, Any]], model: str, logprobs: bool) -> dict[str, Any]:
     """A completion's chunks as the one response of a call without stream: the texts and logprobs joined, the
     last finish reason and usage (logprobs: the call asked for them, so an empty list is still a list)."""
-    text, finish, usage, cid, created, lps = "", None, {}, "", 0, None
+    text, finish, cid, created, lps = "", None, "", 0, None
+    usage: dict[str, Any] = {}
     for chunk in chunks:
         cid, created = chunk["id"], chunk["created"]
         choice = chunk["choices"][0]

@@ -13,7 +13,7 @@ from pyllama_so.generation import limits, scoring, sequence
 from pyllama_so.generation.hooks import LogitsProcessor, StoppingCriteria
 from pyllama_so.generation.logprobs import TokenLogprob
 
-Logprobs = tuple[float, list[tuple[int, float]]]
+Logprobs = tuple[float | None, list[tuple[int, float]]]  # a token's, and its top alternatives
 
 
 class Session:
@@ -58,7 +58,8 @@ class Session:
         if not tokens:
             raise ValueError("the prompt is empty")
         if not limits.prompt_fits(len(tokens), self.ctx.n_ctx):
-            raise _llama.PromptTooLongError(f"Requested tokens ({len(tokens)}) exceed context window of {self.ctx.n_ctx}")
+            raise _llama.PromptTooLongError(f"Requested tokens ({len(tokens)}) exceed context window of "
+                                            f"{self.ctx.n_ctx}")
 
     def prefill(self, tokens: list[int]) -> int:
         """Bring the sequence to `tokens`, reusing the common cached prefix; the last token's logits stay in

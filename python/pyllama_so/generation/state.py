@@ -58,7 +58,7 @@ def save(seq: Session, seeds: CallSeeds) -> LlamaState:
     scores = (seq.scores_rows()[:n].copy() if seq.logits_all
               else np.empty((0, seq.ctx.model.n_vocab), dtype=np.single))
     return LlamaState(input_ids=np.array(seq.tokens, dtype=np.intc), scores=scores, n_tokens=n, llama_state=data,
-                      llama_state_size=len(data), seed=seeds.seed, rng_state=seeds.rng.bit_generator.state)
+                      llama_state_size=len(data), seed=seeds.seed, rng_state=dict(seeds.rng.bit_generator.state))
 
 
 def load(seq: Session, seeds: CallSeeds, state: LlamaState) -> None:
@@ -83,7 +83,8 @@ def load(seq: Session, seeds: CallSeeds, state: LlamaState) -> None:
     if seq.logits_all and rows.ndim == 2 and rows.shape[0] >= n and rows.shape[1] == n_vocab:
         seq.keep_rows(0, rows[:n])
     seeds.seed = state.seed
-    if getattr(state, "rng_state", None) is not None:
-        seeds.rng.bit_generator.state = state.rng_state
+    rng_state = getattr(state, "rng_state", None)
+    if rng_state is not None:
+        seeds.rng.bit_generator.state = rng_state
     else:
         seeds.rng = np.random.default_rng(state.seed)
