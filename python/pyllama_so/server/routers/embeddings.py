@@ -41,8 +41,8 @@ class EmbeddingRequest(BaseModel):
     embd_normalize: int | None = None
 
 
-async def run(service: EmbeddingService | None,
-              body: EmbeddingRequest) -> tuple[list[list[int]], list[np.ndarray], int]:
+async def embed_request(service: EmbeddingService | None,
+                        body: EmbeddingRequest) -> tuple[list[list[int]], list[np.ndarray], int]:
     """The request's inputs, their embeddings and the normalisation to apply."""
     if service is None:
         raise ApiError(501, NOT_SUPPORTED, code="not_supported")
@@ -69,7 +69,7 @@ async def embeddings_oai(body: EmbeddingRequest, service: EmbeddingsDep, setting
     if service is not None and service.pooling == "none":
         raise ApiError(400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type",
                        param="input")
-    inputs, arrays, norm = await run(service, body)
+    inputs, arrays, norm = await embed_request(service, body)
     if body.input is None:  # "content": llama-server's native answer
         return native(arrays, norm)
     data = []
@@ -86,7 +86,7 @@ async def embeddings_oai(body: EmbeddingRequest, service: EmbeddingsDep, setting
 
 
 async def embeddings_native(body: EmbeddingRequest, service: EmbeddingsDep) -> list[dict[str, Any]]:
-    _, arrays, norm = await run(service, body)
+    _, arrays, norm = await embed_request(service, body)
     return native(arrays, norm)
 
 

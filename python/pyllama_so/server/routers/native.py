@@ -48,7 +48,8 @@ router = APIRouter()
 def resolve_logit_bias(model: _llama.Model, value: list[Any] | dict[str, Any] | None) -> dict[int, float] | None:
     """llama-server's logit_bias forms to {token id: bias}: [[token, bias], ...] or {token: bias}, a token an
     id (a decimal key in the object form) or a text whose every token gets the bias, a bias a number or false
-    (-inf). A malformed entry is a 400 (llama-server skips it); ids are checked when the sampler is built."""
+    (-inf). A malformed entry is a 400 (llama-server skips it); ids are checked with the sampling parameters
+    (make_job)."""
     if value is None:
         return None
 
