@@ -24,7 +24,9 @@ from pyllama_so import _llama, chat_completion
 from pyllama_so import chat_template as templates
 from pyllama_so._llama import ContextFullError, ModelLoadError, PromptTooLongError
 from pyllama_so.chat_template import ChatTemplate
-from pyllama_so.config import ContextParams, ModelParams, check_combination, create_context, load_model
+from pyllama_so.allreduce import AllReduceRouting, context_routing
+from pyllama_so.config import (AllReduceParams, ContextParams, ModelParams, check_combination, create_context,
+                               load_model)
 from pyllama_so.embeddings import embed_tokens, embedding_sequences, normalize as normalize_embedding
 from pyllama_so.grammar import LlamaGrammar, ToolCallGrammar, grammar_text, resolve_grammar
 from pyllama_so.logprobs import (LogitsProcessor, LogprobRows, StoppingCriteria, completion_logprobs,
@@ -107,6 +109,11 @@ class Llama:
     ValueError; where the library keeps the lanes off (e.g. not every layer on the split devices),
     a UserWarning says why. split_overlap_stats() tells what ran; docs/multi-gpu.md has the details.
 
+    allreduce: with split_mode="tensor", this context's AllReduce settings (pyllama_so.allreduce.AllReduceParams:
+    copy engines, thresholds, chunk size); a knob left None takes its environment variable, else the default.
+    Two Llama objects of one process may differ. allreduce_routing() reports the settings in effect and the
+    context's own reductions per path.
+
     rpc_servers: llama.cpp's RPC backend, devices of other machines ("host:port" of each
     `python -m pyllama_so.rpc_server`, a list or a comma-separated string as llama.cpp's --rpc). Their
     devices come first, then the local ones; tensor_split and main_gpu count them in that order. A server
@@ -166,6 +173,7 @@ class Llama:
         type_k: str | int = "f16",
         type_v: str | int = "f16",
         split_overlap: bool = False,
+        allreduce: AllReduceParams | None = None,
         rpc_servers: str | Sequence[str] | None = None,
         backend_sampling: bool = False,
         use_mmap: bool = True,
@@ -207,7 +215,7 @@ class Llama:
             split_overlap=split_overlap, embeddings=embedding, pooling_type=pooling_type,
             # embedding: one sequence per input of a batch, all sharing the KV cache (as llama-cpp-python)
             n_seq_max=embedding_sequences(n_batch, model_params.split_mode) if embedding else 1,
-            kv_unified=embedding)
+            kv_unified=embedding, allreduce=allreduce)
         check_combination(model_params, context_params)
         if chat_format is not None and chat_template is not None:
             raise ValueError("give chat_format or chat_template, not both: both choose the chat template")
@@ -415,6 +423,11 @@ class Llama:
         """What split overlap did: enabled, reason (why the lanes are off, or "on"), next_lane, and
         per lane [lane 0, lane 1]: ubatches, graph_builds, waits (on the other lane) and records."""
         return self._parts()[1].split_overlap_stats()
+
+    def allreduce_routing(self) -> AllReduceRouting:
+        """This context's AllReduce settings in effect and its own reductions per path (comm_contexts 0 without
+        split_mode="tensor")."""
+        return context_routing(self._parts()[1])
 
     @property
     def chat_template(self) -> ChatTemplate:
