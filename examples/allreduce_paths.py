@@ -3,11 +3,10 @@
 Under `split_mode="tensor"` the GPUs add their partial results twice per layer. The CUDA backend routes
 each reduction to a path: `ce` (copy engines through pinned host memory), `nccl`, `internal` (upstream's
 2-GPU pipeline), `ll` (small reductions with the copy engines on: data and flags in one store) or `fallback`
-(see docs/multi-gpu.md). This example reads `allreduce_stats()` before and
-after a prompt, and again around single-token decodes (as in generation), once with automatic routing
-and once with the copy engines forced (`configure_allreduce(copy_engines=True)`). The setting is read
-when a context is created, so configure_allreduce comes before each Llama, and each setting gets its
-own Llama.
+(see docs/multi-gpu.md). This example reads a context's own counters (`llm.allreduce_routing()`) before and
+after a prompt, and again around single-token decodes (as in generation), once with automatic routing and
+once with the copy engines forced (`Llama(..., allreduce=AllReduceParams(copy_engines=True))`: a setting of
+that context alone).
 
     python examples/allreduce_paths.py
     python examples/allreduce_paths.py --model model.gguf --prompt-tokens 2048 --n-ubatch 512
@@ -22,16 +21,16 @@ import argparse
 import math
 
 from pyllama_so import Llama, allreduce
-from pyllama_so.allreduce import AllReduceStats
+from pyllama_so.allreduce import AllReduceParams
 
 from _setup import add_model_args, model_path, tensor_split_devices  # examples/_setup.py
 
-SETTINGS: dict[str, bool | None] = {"auto": None, "forced": True}  # configure_allreduce(copy_engines=...)
+SETTINGS: dict[str, bool | None] = {"auto": None, "forced": True}  # AllReduceParams(copy_engines=...)
 
 
-def calls_since(before: AllReduceStats) -> dict[str, int]:
-    """Reductions per path since `before` was read."""
-    now = allreduce.allreduce_stats()
+def calls_since(llm: Llama, before: allreduce.AllReduceRouting) -> dict[str, int]:
+    """The context's reductions per path since `before` was read."""
+    now = llm.allreduce_routing()
     return {path: now.paths[path].calls - before.paths[path].calls for path in allreduce.PATHS}
 
 
@@ -51,17 +50,16 @@ def main() -> None:
     n_ctx = 256 * math.ceil((args.prompt_tokens + args.decode_tokens) / 256)  # llama.cpp's contexts are 256s
     rows: list[tuple[str, str, dict[str, int]]] = []
     for setting, copy_engines in SETTINGS.items():
-        allreduce.configure_allreduce(copy_engines=copy_engines)  # before the Llama: read per context
         with Llama(model, split_mode="tensor", tensor_split=split, flash_attn=True, n_ctx=n_ctx,
-                   n_ubatch=args.n_ubatch) as llm:
+                   n_ubatch=args.n_ubatch, allreduce=AllReduceParams(copy_engines=copy_engines)) as llm:
             prompt = [i % llm.n_vocab() for i in range(args.prompt_tokens)]  # the tokens do not matter here
-            before = allreduce.allreduce_stats()
+            before = llm.allreduce_routing()
             llm.eval(prompt)
-            rows.append((setting, f"prompt ({args.prompt_tokens} tokens)", calls_since(before)))
-            before = allreduce.allreduce_stats()
+            rows.append((setting, f"prompt ({args.prompt_tokens} tokens)", calls_since(llm, before)))
+            before = llm.allreduce_routing()
             for token in range(args.decode_tokens):
                 llm.eval([token])  # one token per decode, as in generation
-            rows.append((setting, f"decode ({args.decode_tokens} x 1 token)", calls_since(before)))
+            rows.append((setting, f"decode ({args.decode_tokens} x 1 token)", calls_since(llm, before)))
 
     print(f"{'copy engines':<13}{'phase':<26}" + "".join(f"{path:>10}" for path in allreduce.PATHS))
     for setting, phase, calls in rows:

@@ -31,18 +31,28 @@ def cuda_device_pair() -> list[int]:
     return idx[:2]
 
 
+def set_env(values: dict[str, str | None]) -> None:
+    """Set each variable, or remove it where the value is None."""
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @contextmanager
 def copy_engine_routing(forced: bool) -> Iterator[None]:
-    """Contexts made inside use the copy engines for every reduction (forced) or upstream's routing; the
-    counters start at 0 and the variables are restored afterwards."""
-    keys = (allreduce.ENV_CE, allreduce.ENV_CE_MIN_BYTES)
-    saved = {k: os.environ.get(k) for k in keys}
-    allreduce.configure_allreduce(copy_engines=forced, min_bytes=1 if forced else None)  # before any context
+    """Contexts made inside use the copy engines for every reduction (forced) or upstream's routing, through the
+    variables that are every context's default settings (the lane and arch fixtures make their contexts without
+    AllReduceParams); the counters start at 0 and the variables are restored afterwards."""
+    env = allreduce.AllReduceParams(copy_engines=forced, min_bytes=1 if forced else None).environment()
+    saved = {k: os.environ.get(k) for k in env}
+    set_env(env)  # before any context
     allreduce.reset_allreduce_stats()
     try:
         yield
     finally:
-        allreduce.set_env(saved)
+        set_env(saved)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

@@ -35,14 +35,11 @@ needs_two_gpus = pytest.mark.skipif(not two_cuda_gpus(), reason="needs a CUDA bu
 
 @pytest.fixture
 def knobs(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """The knobs unset, and restored afterwards also where a test set them through configure_allreduce
-    (monkeypatch only restores what it changed itself)."""
-    saved = {k: os.environ.get(k) for k in KNOBS}
+    """The knobs unset (monkeypatch restores them afterwards) and the counters at 0."""
     for k in KNOBS:
         monkeypatch.delenv(k, raising=False)
     allreduce.reset_allreduce_stats()
     yield monkeypatch
-    allreduce.set_env(saved)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,8 +94,10 @@ def special_data(n: int, seed: int) -> np.ndarray:
 
 
 def force_ce(knobs: pytest.MonkeyPatch) -> None:
-    """Every reduction through the copy engines (the knobs fixture restores the variables)."""
-    allreduce.configure_allreduce(copy_engines=True, min_bytes=1)
+    """Every reduction through the copy engines, by the variables every comm context takes as its defaults (the
+    knobs fixture restores them)."""
+    knobs.setenv("GGML_CUDA_AR_CE", "1")
+    knobs.setenv("GGML_CUDA_AR_CE_MIN_BYTES", "1")
 
 
 def use_ll(knobs: pytest.MonkeyPatch, bf16: bool = True) -> None:
@@ -131,17 +130,6 @@ def test_run_without_cuda_raises() -> None:
         allreduce_rig.allreduce_run(np.zeros(4, np.float32), np.zeros(4, np.float32))
 
 
-def test_configure_allreduce_sets_env(knobs: pytest.MonkeyPatch) -> None:
-    allreduce.configure_allreduce(copy_engines=True, min_bytes=1)
-    assert os.environ["GGML_CUDA_AR_CE"] == "1" and os.environ["GGML_CUDA_AR_CE_MIN_BYTES"] == "1"
-    allreduce.configure_allreduce(copy_engines=False)
-    assert os.environ["GGML_CUDA_AR_CE"] == "0" and "GGML_CUDA_AR_CE_MIN_BYTES" not in os.environ
-    allreduce.configure_allreduce(chunk_bytes=1 << 20)
-    assert os.environ["GGML_CUDA_AR_CE_CHUNK_BYTES"] == str(1 << 20)
-    allreduce.configure_allreduce()
-    assert not any(k in os.environ for k in KNOBS)
-
-
 @pytest.mark.parametrize("kwargs, exc", [
     ({"copy_engines": 1}, TypeError),
     ({"copy_engines": "yes"}, TypeError),
@@ -154,9 +142,9 @@ def test_configure_allreduce_sets_env(knobs: pytest.MonkeyPatch) -> None:
     ({"chunk_bytes": 8 << 20}, ValueError),
     ({"chunk_bytes": 1.0}, TypeError),
 ])
-def test_configure_allreduce_validates(knobs: pytest.MonkeyPatch, kwargs: dict, exc: type) -> None:
+def test_allreduce_params_validate(knobs: pytest.MonkeyPatch, kwargs: dict, exc: type) -> None:
     with pytest.raises(exc):
-        allreduce.configure_allreduce(**kwargs)
+        allreduce.AllReduceParams(**kwargs)
     assert not any(k in os.environ for k in KNOBS)
 
 
@@ -283,11 +271,13 @@ def test_knob_off_sends_large_to_base_path(knobs: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.gpu
 @needs_two_gpus
-def test_knob_force_with_configure(knobs: pytest.MonkeyPatch) -> None:
-    allreduce.configure_allreduce(copy_engines=True, min_bytes=1)
-    allreduce_rig.allreduce_run(np.ones(10, np.float32), np.ones(10, np.float32))
+def test_knob_force_with_params(knobs: pytest.MonkeyPatch) -> None:
+    """The settings of the comm context itself, with no variable set."""
+    allreduce_rig.allreduce_run(np.ones(10, np.float32), np.ones(10, np.float32),
+                                allreduce=allreduce.AllReduceParams(copy_engines=True, min_bytes=1))
     st = allreduce.allreduce_stats()
     assert st.paths["ce"].calls == 1 and st.ce_buffer_allocs == 1
+    assert not any(k in os.environ for k in KNOBS)
 
 
 @pytest.mark.gpu
@@ -421,7 +411,7 @@ def test_race_hunt_ll(knobs: pytest.MonkeyPatch, n: int, n_alt: int, n_iter: int
 @pytest.mark.gpu
 @needs_two_gpus
 def test_ll_routing_by_size_and_knob(knobs: pytest.MonkeyPatch) -> None:
-    """GGML_CUDA_AR_LL_MAX_BYTES is the largest F32 tensor it takes; 0 (configure_allreduce(ll_max_bytes=0)) or the
+    """GGML_CUDA_AR_LL_MAX_BYTES is the largest F32 tensor it takes; 0 (AllReduceParams(ll_max_bytes=0)) or the
     copy engines off: none."""
     use_ll(knobs)
     knobs.setenv("GGML_CUDA_AR_LL_MAX_BYTES", str(4 * 1002))
@@ -432,20 +422,19 @@ def test_ll_routing_by_size_and_knob(knobs: pytest.MonkeyPatch) -> None:
     assert st.paths["internal"].calls + st.paths["nccl"].calls == 1
 
     for knob_args in ({"copy_engines": True, "ll_max_bytes": 0}, {"copy_engines": False}):
-        allreduce.configure_allreduce(**knob_args)
         allreduce.reset_allreduce_stats()
-        r0, _ = allreduce_rig.allreduce_run(np.ones(64, np.float32), np.full(64, 2.0, np.float32))
+        r0, _ = allreduce_rig.allreduce_run(np.ones(64, np.float32), np.full(64, 2.0, np.float32),
+                                            allreduce=allreduce.AllReduceParams(**knob_args))
         np.testing.assert_array_equal(r0, 3.0)
         st = allreduce.allreduce_stats()
         assert st.paths["ll"].calls == 0 and st.paths["internal"].calls + st.paths["nccl"].calls == 1, knob_args
 
 
 @pytest.mark.parametrize("kwargs", [{"ll_max_bytes": -1}, {"ll_max_bytes": (4 << 20) + 1}, {"ll_max_bytes": 1.0}])
-def test_configure_allreduce_validates_ll_max_bytes(knobs: pytest.MonkeyPatch, kwargs: dict) -> None:
+def test_allreduce_params_validate_ll_max_bytes(knobs: pytest.MonkeyPatch, kwargs: dict) -> None:
     with pytest.raises(TypeError if isinstance(kwargs["ll_max_bytes"], float) else ValueError):
-        allreduce.configure_allreduce(**kwargs)
-    allreduce.configure_allreduce(ll_max_bytes=0)
-    assert os.environ["GGML_CUDA_AR_LL_MAX_BYTES"] == "0"
+        allreduce.AllReduceParams(**kwargs)
+    assert allreduce.AllReduceParams(ll_max_bytes=0).environment()["GGML_CUDA_AR_LL_MAX_BYTES"] == "0"
 
 
 @pytest.mark.parametrize("kwargs", [{"n_alt": -1}, {"n_alt": 5}, {"n_iter": 0}, {"n_iter": 3}])
@@ -464,11 +453,13 @@ def test_greedy_tokens_equal_on_every_path(knobs: pytest.MonkeyPatch, tiny_model
     runs = {}
     for name, knob_args in {"ce": {"copy_engines": True, "min_bytes": 1}, "nccl": {"copy_engines": False},
                             "default": {}}.items():
-        allreduce.configure_allreduce(**knob_args)  # sets or removes every copy-engine knob
         allreduce.reset_allreduce_stats()
-        with Llama(tiny_model, split_mode="tensor", n_ctx=256, flash_attn=True) as llm:
+        with Llama(tiny_model, split_mode="tensor", n_ctx=256, flash_attn=True,
+                   allreduce=allreduce.AllReduceParams(**knob_args)) as llm:
             runs[name] = list(llm.generate(llm.tokenize("abc"), max_tokens=24, temperature=0.0, stop_on_eog=False))
+            routing = llm.allreduce_routing()
         st = allreduce.allreduce_stats()
+        assert routing.paths == st.paths  # the one context of the process counted every reduction
         if name == "ce":
             assert st.paths["ce"].calls > 0 and st.paths["nccl"].calls == 0
         elif name == "nccl":  # NCCL, or the internal pipeline where NCCL is not built or not there (one GPU as two)
@@ -485,9 +476,9 @@ def test_decode_logits_of_the_low_latency_path_equal_the_copy_engines(knobs: pyt
     copy engines (min_bytes=1). The tiny model's reductions are all small: every one takes the path of its run."""
     runs = {}
     for name, knob_args in {"ll": {"copy_engines": True}, "ce": {"copy_engines": True, "min_bytes": 1}}.items():
-        allreduce.configure_allreduce(**knob_args)
         allreduce.reset_allreduce_stats()
-        with Llama(tiny_model, split_mode="tensor", n_ctx=256, n_batch=64, flash_attn=True) as llm:
+        with Llama(tiny_model, split_mode="tensor", n_ctx=256, n_batch=64, flash_attn=True,
+                   allreduce=allreduce.AllReduceParams(**knob_args)) as llm:
             tokens = llm.tokenize("the quick brown fox")
             rows = [llm.eval(tokens)[-1]]
             for _ in range(16):
@@ -496,3 +487,28 @@ def test_decode_logits_of_the_low_latency_path_equal_the_copy_engines(knobs: pyt
         st = allreduce.allreduce_stats()
         assert st.paths[name].calls > 0 and st.paths[name].calls == st.total_calls, st
     assert np.array_equal(runs["ll"].view(np.uint32), runs["ce"].view(np.uint32))
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_two_contexts_each_route_by_their_own_settings(knobs: pytest.MonkeyPatch, tiny_model: Path) -> None:
+    """Two contexts over the same two devices at once, one with every reduction forced onto the copy engines and
+    one with the copy engines off, decoding in turn: each context's own counters show its own path, and the
+    process-wide counters are their sum."""
+    forced = allreduce.AllReduceParams(copy_engines=True, min_bytes=1)
+    off = allreduce.AllReduceParams(copy_engines=False)
+    with Llama(tiny_model, split_mode="tensor", n_ctx=256, flash_attn=True, allreduce=forced) as ce, \
+            Llama(tiny_model, split_mode="tensor", n_ctx=256, flash_attn=True, allreduce=off) as base:
+        tokens = ce.tokenize("the quick brown fox")
+        for llm in (ce, base, ce, base):
+            llm.eval(tokens)
+        on_ce, on_base = ce.allreduce_routing(), base.allreduce_routing()
+    st = allreduce.allreduce_stats()
+    assert on_ce.copy_engines is True and on_ce.copy_engines_on and on_ce.min_bytes == 1, on_ce
+    assert on_ce.paths["ce"].calls > 0 and on_ce.paths["ce"].calls == on_ce.total_calls, on_ce
+    assert on_base.copy_engines is False and not on_base.copy_engines_on, on_base
+    assert on_base.paths["ce"].calls == on_base.paths["ll"].calls == 0, on_base
+    assert on_base.paths["nccl"].calls + on_base.paths["internal"].calls > 0, on_base
+    assert {p: on_ce.paths[p].calls + on_base.paths[p].calls for p in allreduce.PATHS} == \
+        {p: st.paths[p].calls for p in allreduce.PATHS}
+    assert not any(k in os.environ for k in KNOBS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -30,29 +31,42 @@ def test_parse_size_rejects(text: str) -> None:
 def test_sweep_paths_set_only_the_chunk_size() -> None:
     name = "ce_c1024k"
     assert name in ar.SWEEP_PATHS
-    env, counter = ar.PATHS[name]
-    assert counter == "ce"
-    assert env == {**ar.PATHS["ce"][0], "GGML_CUDA_AR_CE_CHUNK_BYTES": str(1 << 20)}
-    assert env["GGML_CUDA_AR_CE"] == "1" and env["GGML_CUDA_AR_CE_MIN_BYTES"] == "1"
+    params, child_env, counter = ar.PATHS[name]
+    assert counter == "ce" and child_env is None
+    assert params == dataclasses.replace(ar.PATHS["ce"].params, chunk_bytes=1 << 20)
+    assert params.copy_engines is True and params.min_bytes == 1
     # the default copy-engine path leaves the chunk size automatic
-    assert ar.PATHS["ce"][0]["GGML_CUDA_AR_CE_CHUNK_BYTES"] is None
+    assert ar.PATHS["ce"].params.chunk_bytes is None
     # the NCCL and internal paths switch the copy engines off
-    assert ar.PATHS["nccl"][0]["GGML_CUDA_AR_CE"] == "0" and ar.PATHS["internal"][0]["GGML_CUDA_AR_CE"] == "0"
+    assert ar.PATHS["nccl"].params.copy_engines is False and ar.PATHS["internal"].params.copy_engines is False
     # the low-latency path: the copy engines on, but for no size, and every size up to the limit on it
-    ll = ar.PATHS["ll"][0]
-    assert ll["GGML_CUDA_AR_CE"] == "1" and int(ll["GGML_CUDA_AR_CE_MIN_BYTES"]) > ar.LL_MAX_BYTES_LIMIT
-    assert ll["GGML_CUDA_AR_LL_MAX_BYTES"] == str(4 << 20)
+    ll = ar.PATHS["ll"].params
+    assert ll.copy_engines is True and ll.min_bytes > ar.LL_MAX_BYTES_LIMIT
+    assert ll.ll_max_bytes == 4 << 20
     # every other path leaves the low-latency limit at its default
-    assert all(env["GGML_CUDA_AR_LL_MAX_BYTES"] is None for name, (env, _) in ar.PATHS.items() if name != "ll")
+    assert all(setup.params.ll_max_bytes is None for name, setup in ar.PATHS.items() if name != "ll")
 
 
-def test_environ_restores_every_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GGML_CUDA_AR_CE", "0")
-    monkeypatch.delenv("GGML_CUDA_AR_CE_CHUNK_BYTES", raising=False)
-    with ar.environ({"GGML_CUDA_AR_CE": None, "GGML_CUDA_AR_CE_CHUNK_BYTES": "65536"}):
-        assert "GGML_CUDA_AR_CE" not in os.environ
-        assert os.environ["GGML_CUDA_AR_CE_CHUNK_BYTES"] == "65536"
-    assert os.environ["GGML_CUDA_AR_CE"] == "0" and "GGML_CUDA_AR_CE_CHUNK_BYTES" not in os.environ
+def test_upstream_paths_run_in_a_child_with_their_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL and the internal pipeline are chosen by upstream's GGML_CUDA_ALLREDUCE, read when a comm context is
+    made: they run in a child process that has it; every other path runs here, on its settings alone."""
+    assert ar.PATHS["nccl"].child_env == {"GGML_CUDA_ALLREDUCE": "nccl"}
+    assert ar.PATHS["internal"].child_env == {"GGML_CUDA_ALLREDUCE": "internal"}
+    assert all(setup.child_env is None for name, setup in ar.PATHS.items() if name not in ("nccl", "internal"))
+    seen: list[tuple[list[str], dict[str, str]]] = []
+
+    def fake_run(cmd: list[str], env: dict[str, str], **kw: object) -> object:
+        seen.append((cmd, env))
+        return argparse.Namespace(returncode=0, stdout='{"us": [1.0]}\n', stderr="")
+
+    monkeypatch.delenv("GGML_CUDA_ALLREDUCE", raising=False)
+    monkeypatch.setattr(ar.subprocess, "run", fake_run)
+    args = argparse.Namespace(sizes=[1 << 20], warmup=0, iters=1, devices=[0, 1])
+    assert ar.time_in_child("nccl", {"NCCL_P2P_DISABLE": "1"}, args) == {"us": [1.0]}
+    cmd, env = seen[0]
+    assert cmd[cmd.index("--worker") + 1] == "nccl"
+    assert env["GGML_CUDA_ALLREDUCE"] == "nccl" and env["NCCL_P2P_DISABLE"] == "1"
+    assert "GGML_CUDA_ALLREDUCE" not in os.environ  # the child's environment only
 
 
 @pytest.mark.parametrize("args", [["--devices", "0,0"], ["--devices", "0"], ["--iters", "0"], ["--warmup", "-1"],
@@ -103,15 +117,15 @@ def test_report_ratios_and_table_with_missing_queued_times(monkeypatch: pytest.M
 
 
 def test_sweep_times_the_ceiling_in_each_chunk_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    """--ce-sweep: the ceiling again with GGML_CUDA_AR_CE_CHUNK_BYTES set to each chunk size (and
-    unset for the plain ceiling); those rows get ratios to the plain ceiling like the paths."""
-    seen: list[str | None] = []
+    """--ce-sweep: the ceiling again with the chunk size set to each size (and left to its default for the plain
+    ceiling); those rows get ratios to the plain ceiling like the paths."""
+    seen: list[int | None] = []
 
-    def fake_bench(sizes: list[int], mode: str, *a: object, **kw: object) -> list[float]:
+    def fake_bench(sizes: list[int], mode: str, *a: object, allreduce: object = None, **kw: object) -> list[float]:
         assert mode == "ceiling"
-        chunk = os.environ.get("GGML_CUDA_AR_CE_CHUNK_BYTES")
+        chunk = None if allreduce is None else allreduce.chunk_bytes
         seen.append(chunk)
-        return [100.0 if chunk is None else 100.0 + (4 << 20) / int(chunk)]
+        return [100.0 if chunk is None else 100.0 + (4 << 20) / chunk]
 
     monkeypatch.delenv("GGML_CUDA_AR_CE_CHUNK_BYTES", raising=False)
     monkeypatch.setattr(ar.allreduce_rig, "allreduce_bench", fake_bench)
@@ -121,7 +135,7 @@ def test_sweep_times_the_ceiling_in_each_chunk_size(monkeypatch: pytest.MonkeyPa
     args = argparse.Namespace(sizes=[4 << 20], warmup=0, iters=1, devices=[0, 1], ce_sweep=True,
                               paths=list(ar.ORDER))
     results = ar.run(args)["results"]
-    assert seen == [None] + [str(kib << 10) for kib in ar.CEILING_CHUNKS_KIB]
+    assert seen == [None] + [kib << 10 for kib in ar.CEILING_CHUNKS_KIB]
     assert "GGML_CUDA_AR_CE_CHUNK_BYTES" not in os.environ
     assert results["ceiling_c256k"]["ratio_to_ceiling"] == [pytest.approx(100.0 / 116.0)]
     assert results["ceiling_c2048k"]["ratio_to_ceiling"] == [pytest.approx(100.0 / 102.0)]
@@ -135,10 +149,10 @@ def test_gpu_rig_times_the_reductions_and_the_ceiling() -> None:
     from pyllama_so import allreduce
 
     sizes, warmup, iters = [1 << 20, 4 << 20], 1, 4
-    with ar.environ(ar.PATHS["ce"][0]):
-        allreduce.reset_allreduce_stats()
-        us, host_us, queued_us = ar.allreduce_rig.allreduce_bench(sizes, "comm", warmup, iters, (0, 1), host_time=True)
-        stats = allreduce.allreduce_stats()
+    allreduce.reset_allreduce_stats()
+    us, host_us, queued_us = ar.allreduce_rig.allreduce_bench(sizes, "comm", warmup, iters, (0, 1), host_time=True,
+                                                              allreduce=ar.PATHS["ce"].params)
+    stats = allreduce.allreduce_stats()
     assert len(us) == len(host_us) == len(queued_us) == len(sizes)
     assert all(t > 0 for t in us) and all(t is not None and t > 0 for t in host_us)
     per_size = max(1, warmup) + iters + min(iters, 8)  # warm-up, timed, then queued behind the delay kernel

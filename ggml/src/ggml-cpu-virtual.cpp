@@ -8,11 +8,13 @@
 #include "ggml-backend-impl.h"
 #include "ggml-cpu.h"
 #include "ggml-impl.h"
+#include "pyllama-so-allreduce.h"
 #include "pyllama-so-test-hooks.h"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -568,11 +570,15 @@ static const ggml_backend_device_i ggml_cpu_virtual_device_i = {
 //   1. wait until every stream has produced its tensor
 //   2. sum all tensors into a private buffer (reads only), then signal
 //   3. wait until every stream has finished reading, then overwrite the own tensor with the sum
+// It takes AllReduce settings (pyllama-so-allreduce.h) and reports them, as a GPU's comm context does, and acts
+// on none: its one reduction is none of the CUDA paths, so its counters stay 0.
 
 struct ggml_cpu_virtual_comm {
     std::vector<ggml_backend_t>                          backends;
     std::vector<ggml_cpu_virtual_event_ptr> produced;
     std::vector<ggml_cpu_virtual_event_ptr> consumed;
+    pyllama_so_allreduce_settings           settings = {};
+    std::atomic<bool>                       reduced{false}; // from the first reduction on, the settings stay
 };
 
 static void * ggml_cpu_virtual_comm_init(ggml_backend_t * backends, size_t n_backends) {
@@ -589,7 +595,32 @@ static void * ggml_cpu_virtual_comm_init(ggml_backend_t * backends, size_t n_bac
         comm->produced.push_back(std::make_shared<ggml_cpu_virtual_event>());
         comm->consumed.push_back(std::make_shared<ggml_cpu_virtual_event>());
     }
+    GGML_ASSERT(pyllama_so_allreduce_resolve(nullptr, &comm->settings) == PYLLAMA_SO_AR_OK);
     return comm;
+}
+
+static int ggml_cpu_virtual_comm_configure(void * comm_ctx, const pyllama_so_allreduce_params * params) {
+    auto * comm = (ggml_cpu_virtual_comm *) comm_ctx;
+    pyllama_so_allreduce_settings settings;
+    if (comm == nullptr || pyllama_so_allreduce_resolve(params, &settings) != PYLLAMA_SO_AR_OK) {
+        return PYLLAMA_SO_AR_EINVAL;
+    }
+    if (comm->reduced.load()) {
+        return PYLLAMA_SO_AR_EBUSY;
+    }
+    comm->settings = settings;
+    return PYLLAMA_SO_AR_OK;
+}
+
+static int ggml_cpu_virtual_comm_report(void * comm_ctx, pyllama_so_allreduce_report * out) {
+    const auto * comm = (const ggml_cpu_virtual_comm *) comm_ctx;
+    if (comm == nullptr || out == nullptr || out->size != sizeof(pyllama_so_allreduce_report)) {
+        return PYLLAMA_SO_AR_EINVAL;
+    }
+    *out = {};
+    out->size     = sizeof(pyllama_so_allreduce_report);
+    out->settings = comm->settings;
+    return PYLLAMA_SO_AR_OK;
 }
 
 static void ggml_cpu_virtual_comm_free(void * comm_ctx) {
@@ -603,6 +634,7 @@ static void ggml_cpu_virtual_comm_free(void * comm_ctx) {
 static bool ggml_cpu_virtual_comm_allreduce_tensor(void * comm_ctx, ggml_tensor ** tensors) {
     auto * comm = (ggml_cpu_virtual_comm *) comm_ctx;
     const size_t n = comm->backends.size();
+    comm->reduced.store(true);
     for (size_t j = 0; j < n; j++) {
         if (tensors[j]->type != GGML_TYPE_F32 || !ggml_is_contiguous(tensors[j]) ||
                 ggml_nelements(tensors[j]) != ggml_nelements(tensors[0])) {
@@ -697,6 +729,12 @@ static void * ggml_cpu_virtual_reg_get_proc_address(ggml_backend_reg_t reg, cons
     }
     if (strcmp(name, "ggml_backend_comm_allreduce_tensor") == 0) {
         return (void *) ggml_cpu_virtual_comm_allreduce_tensor;
+    }
+    if (strcmp(name, PYLLAMA_SO_AR_COMM_CONFIGURE_NAME) == 0) {
+        return (void *) ggml_cpu_virtual_comm_configure;
+    }
+    if (strcmp(name, PYLLAMA_SO_AR_COMM_REPORT_NAME) == 0) {
+        return (void *) ggml_cpu_virtual_comm_report;
     }
     return nullptr;
     GGML_UNUSED(reg);

@@ -66,10 +66,11 @@ cdef class Context:
     def __init__(self, Model model, *, int n_ctx=0, int n_batch=2048, int n_ubatch=512, int n_seq_max=1,
                  int n_threads=-1, int n_threads_batch=-1, flash_attn="auto", type_k="f16",
                  type_v="f16", bint offload_kqv=True, bint op_offload=True, bint split_overlap=False,
-                 bint embeddings=False, pooling_type=None, bint kv_unified=False):
+                 bint embeddings=False, pooling_type=None, bint kv_unified=False, allreduce=None):
         """embeddings: made for embedding (llama.cpp reserves for it); set_embeddings() turns the output
         of embeddings on and off between decodes. pooling_type: POOLING_TYPES name or None (the model's).
-        kv_unified: one KV buffer shared by the n_seq_max sequences, so that each may use all of n_ctx."""
+        kv_unified: one KV buffer shared by the n_seq_max sequences, so that each may use all of n_ctx.
+        allreduce: this context's AllReduce settings (a pyllama_so.config.AllReduceParams), None for the defaults."""
         model._check_open()
         if model.vocab_only:
             raise ValueError("the model was loaded with vocab_only=True (no weights): it has no context")
@@ -108,6 +109,8 @@ cdef class Context:
         self.rng = 0x2545F4914F6CDD1DULL
         self.embeddings = embeddings
         _check_rpc_servers(model.rpc_servers, "creating the context")  # on failure, freed with self
+        if allreduce is not None:
+            _context_allreduce_configure(self.ptr, allreduce)  # before any decode: its comm contexts take them now
 
     def __dealloc__(self):
         self._release()
@@ -731,6 +734,11 @@ cdef class Context:
             "waits": [st.waits[0], st.waits[1]],
             "records": [st.records[0], st.records[1]],
         }
+
+    def allreduce_report(self):
+        """This context's AllReduce settings and its reductions per path (_context_allreduce_report)."""
+        self._check_open()
+        return _context_allreduce_report(self.ptr)
 
     @property
     def graphs_reused(self):

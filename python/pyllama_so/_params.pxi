@@ -83,7 +83,7 @@ def check_attn_split(attn_split, n_devices=None):
 
 
 class TensorSplitOnlyError(ValueError):
-    """A parameter of split_mode="tensor" only (attn_split, split_overlap) given with another split mode.
+    """A parameter of split_mode="tensor" only (attn_split, split_overlap, allreduce) given with another split mode.
     param names it; split_mode is the mode given. The bench skips such combinations of its lists."""
 
     def __init__(self, param, split_mode, why):
@@ -96,11 +96,12 @@ class TensorSplitOnlyError(ValueError):
 _TENSOR_SPLIT_ONLY = {
     "attn_split": "it splits the attention heads of tensor split",
     "split_overlap": "the two lanes overlap the AllReduces of tensor split",
+    "allreduce": "only tensor split reduces partial results across the devices",
 }
 
 
 def check_tensor_split_only(param, split_mode):
-    """TensorSplitOnlyError unless split_mode is "tensor": for attn_split and split_overlap, whose value
+    """TensorSplitOnlyError unless split_mode is "tensor": for attn_split, split_overlap and allreduce, whose value
     means nothing with another split mode (checked before attn_split's length: no device count makes it right)."""
     mode = split_mode_name(split_mode)
     if mode != "tensor":

@@ -21,8 +21,9 @@ The value rules themselves live in the bindings (`_params.pxi`: `split_mode_name
 `check_tensor_split_only`, `check_batch_sizes`, ...), which the low-level `Model.load` / `Context` apply
 too; this module composes them, in the order that gives the right error first.
 
-The AllReduce routing is not part of these objects: the CUDA backend reads it from environment
-variables when it creates a comm context (`pyllama_so.allreduce.configure_allreduce`, docs/multi-gpu.md).
+A context's AllReduce settings (`ContextParams.allreduce`, an `AllReduceParams`) go to that context's
+comm contexts alone; a knob left None takes its environment variable (GGML_CUDA_AR_*: the command line's
+setting), else the built-in default (docs/multi-gpu.md).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pyllama_so._llama import TensorSplitOnlyError
 __all__ = [
     "ModelParams",
     "ContextParams",
+    "AllReduceParams",
     "ParamError",
     "TensorSplitOnlyError",
     "check_combination",
@@ -147,6 +149,65 @@ class ModelParams:
         return None if self.kv_overrides is None else dict(self.kv_overrides)
 
 
+ENV_CE = "GGML_CUDA_AR_CE"
+ENV_CE_MIN_BYTES = "GGML_CUDA_AR_CE_MIN_BYTES"
+ENV_CE_CHUNK_BYTES = "GGML_CUDA_AR_CE_CHUNK_BYTES"
+ENV_LL_MAX_BYTES = "GGML_CUDA_AR_LL_MAX_BYTES"
+_AR_LIMITS = _llama.ALLREDUCE_LIMITS  # as the C side checks them
+CHUNK_BYTES_RANGE = (_AR_LIMITS["chunk_bytes_min"], _AR_LIMITS["chunk_bytes_max"])
+LL_MAX_BYTES_LIMIT = _AR_LIMITS["ll_max_bytes_limit"]
+
+
+@dataclass(frozen=True)
+class AllReduceParams:
+    """The AllReduce knobs of one context's comm contexts (split_mode="tensor"), checked (ParamError naming the
+    knob, TypeError for a wrong type). A knob left None takes its environment variable (environment() names
+    them), else the built-in default.
+
+    copy_engines: None = automatic (copy engines for large reductions between GPUs without peer
+        access), True = force them even with peer access, False = never (upstream routing).
+    min_bytes: smallest reduction (bytes of the F32 tensor) that goes to the copy engines; default
+        512 KiB; 1 = every reduction.
+    chunk_bytes: bytes per copy-engine copy, a power of two from 64 KiB to 4 MiB; default automatic
+        (1 MiB below 8 MiB of BF16 payload, 2 MiB from there). Smaller chunks start the receiving
+        copies sooner but each copy has a fixed cost.
+    ll_max_bytes: largest reduction (bytes of the F32 tensor) for the low-latency path, where the copy
+        engines are on; default 64 KiB; 0 = never (the internal pipeline takes them); at most 4 MiB.
+    """
+
+    copy_engines: bool | None = None
+    min_bytes: int | None = None
+    chunk_bytes: int | None = None
+    ll_max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.copy_engines is not None and not isinstance(self.copy_engines, bool):
+            raise TypeError(f"copy_engines must be bool or None, not {type(self.copy_engines).__name__}")
+        for name in ("min_bytes", "chunk_bytes", "ll_max_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name} must be int or None, not {type(value).__name__}")
+        if self.ll_max_bytes is not None and not 0 <= self.ll_max_bytes <= LL_MAX_BYTES_LIMIT:
+            raise ParamError("ll_max_bytes",
+                             f"ll_max_bytes must be from 0 to {LL_MAX_BYTES_LIMIT}, got {self.ll_max_bytes}")
+        if self.min_bytes is not None and self.min_bytes < 1:
+            raise ParamError("min_bytes", f"min_bytes must be >= 1, got {self.min_bytes}")
+        if self.chunk_bytes is not None:
+            lo, hi = CHUNK_BYTES_RANGE
+            if not lo <= self.chunk_bytes <= hi or self.chunk_bytes & (self.chunk_bytes - 1):
+                raise ParamError("chunk_bytes",
+                                 f"chunk_bytes must be a power of two from {lo} to {hi}, got {self.chunk_bytes}")
+
+    def environment(self) -> dict[str, str | None]:
+        """The variables that say this, e.g. for a child process (None: left to the default)."""
+        return {
+            ENV_CE: None if self.copy_engines is None else ("1" if self.copy_engines else "0"),
+            ENV_CE_MIN_BYTES: None if self.min_bytes is None else str(self.min_bytes),
+            ENV_CE_CHUNK_BYTES: None if self.chunk_bytes is None else str(self.chunk_bytes),
+            ENV_LL_MAX_BYTES: None if self.ll_max_bytes is None else str(self.ll_max_bytes),
+        }
+
+
 @dataclass(frozen=True)
 class ContextParams:
     """How to make a context on a model (llama_context_params).
@@ -159,7 +220,8 @@ class ContextParams:
     flash_attn: "auto", "on", "off" (or a bool, None, 0/1). type_k / type_v: KV cache types ("f16", "q8_0",
     ... or a ggml type id). split_overlap: two lanes for prompt ubatches (split_mode="tensor" only:
     check_combination). embeddings / pooling_type (a name, llama.cpp's -1..4, None for the model's) /
-    kv_unified: an embedding context.
+    kv_unified: an embedding context. allreduce: this context's AllReduce settings (split_mode="tensor" only:
+    check_combination), None for every knob's default.
     """
 
     n_ctx: int = 4096
@@ -177,6 +239,7 @@ class ContextParams:
     kv_unified: bool = False
     offload_kqv: bool = True
     op_offload: bool = True
+    allreduce: AllReduceParams | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "n_batch", "n_seq_max", "n_threads", "n_threads_batch"):
@@ -196,13 +259,17 @@ class ContextParams:
         _llama.check_batch_sizes(self.n_batch, self.n_ubatch)
         if self.n_seq_max < 1:
             raise ParamError("n_seq_max", f"n_seq_max must be >= 1, got {self.n_seq_max}")
+        if self.allreduce is not None and not isinstance(self.allreduce, AllReduceParams):
+            raise TypeError(f"allreduce must be an AllReduceParams or None, not {type(self.allreduce).__name__}")
 
 
 def check_combination(model: ModelParams, context: ContextParams) -> None:
-    """The rules between a model's and a context's parameters: split_overlap needs split_mode="tensor"
-    (TensorSplitOnlyError, a ValueError)."""
+    """The rules between a model's and a context's parameters: split_overlap and allreduce need
+    split_mode="tensor" (TensorSplitOnlyError, a ValueError)."""
     if context.split_overlap:
         _llama.check_tensor_split_only("split_overlap", model.split_mode)
+    if context.allreduce is not None:
+        _llama.check_tensor_split_only("allreduce", model.split_mode)
 
 
 def load_model(path: str | os.PathLike[str], params: ModelParams, *,
@@ -228,7 +295,7 @@ def create_context(model: _llama.Model, params: ContextParams) -> _llama.Context
                           type_k=params.type_k, type_v=params.type_v, offload_kqv=params.offload_kqv,
                           op_offload=params.op_offload, split_overlap=params.split_overlap,
                           embeddings=params.embeddings, pooling_type=params.pooling_type,
-                          kv_unified=params.kv_unified)
+                          kv_unified=params.kv_unified, allreduce=params.allreduce)
 
 
 def _list(values: Sequence[Any] | None) -> list[Any] | None:

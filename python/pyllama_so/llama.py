@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import warnings
 from collections import deque
@@ -20,9 +19,10 @@ import numpy.typing as npt
 
 from pyllama_so import _llama
 from pyllama_so import chat_template as templates
-from pyllama_so._llama import ModelLoadError
+from pyllama_so.allreduce import AllReduceRouting, context_routing
 from pyllama_so.chat_template import ChatTemplate
-from pyllama_so.config import ContextParams, ModelParams, check_combination, create_context, load_model
+from pyllama_so.config import (AllReduceParams, ContextParams, ModelParams, check_combination, create_context,
+                               load_model)
 from pyllama_so.embeddings import batch_limit, embed_tokens, embedding_inputs, embedding_lists, embedding_sequences
 from pyllama_so.generation import chat, completion, responses, sampler as chains, sequence, state as states
 from pyllama_so.generation.hooks import LogitsProcessor, StoppingCriteria
@@ -31,36 +31,11 @@ from pyllama_so.generation.session import Logprobs, Session
 from pyllama_so.generation.state import LlamaState as LlamaState  # its home is generation.state
 from pyllama_so.generation.text import pieces_text
 from pyllama_so.grammar import LlamaGrammar, grammar_text
+from pyllama_so.model_files import check_gguf_file, check_lora
 from pyllama_so.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from pyllama_so.tokenizer import LlamaTokenizer
-
-_GGUF_MAGIC = b"GGUF"
-
-
-def _check_lora(lora_path: str | os.PathLike[str] | None, lora_scale: float, model_params: ModelParams) -> None:
-    if isinstance(lora_scale, bool) or not isinstance(lora_scale, (int, float)) or not math.isfinite(lora_scale):
-        raise ValueError(f"lora_scale must be a finite number, got {lora_scale!r}")
-    if model_params.vocab_only and lora_path is not None:
-        raise ValueError("lora_path needs the model's weights, which vocab_only=True does not load")
-    if lora_path is not None and model_params.split_mode == "tensor":  # ggml's Meta backend cannot split it
-        raise ValueError('lora_path is not supported with split_mode="tensor": llama.cpp\'s tensor split cannot '
-                         "split a LoRA adapter's tensors (it aborts); use split_mode=\"layer\"")
-    if lora_path is not None and not Path(os.fspath(lora_path)).is_file():
-        raise FileNotFoundError(f"LoRA adapter not found: {os.fspath(lora_path)}")
-
-
-def _check_gguf_file(path: Path) -> None:
-    if not path.exists():
-        raise FileNotFoundError(f"model file not found: {path}")
-    if path.is_dir():
-        raise IsADirectoryError(f"model path is a directory: {path}")
-    with path.open("rb") as f:
-        magic = f.read(4)
-    if magic != _GGUF_MAGIC:
-        raise ModelLoadError(f"not a GGUF file (magic {magic!r}): {path}")
-
 
 class Llama:
     """A GGUF model and one context on it, with llama-cpp-python's API. Use as a context manager, or call close().
@@ -74,6 +49,8 @@ class Llama:
     while the next computes; n_ubatch (each lane's ubatch) defaults to half of n_batch. The logits are bitwise the
     same; a decode of one ubatch under 64 tokens stays on lane 0. Where the library keeps the lanes off, a
     UserWarning says why; split_overlap_stats() tells what ran (docs/multi-gpu.md).
+    allreduce (split_mode="tensor" only): this context's AllReduce settings (pyllama_so.allreduce.AllReduceParams);
+    a knob left None takes its GGML_CUDA_AR_* variable, else the default; allreduce_routing() reports them.
     rpc_servers: devices of other machines through llama.cpp's RPC backend ("host:port" of each
     `python -m pyllama_so.rpc_server`, a list or a comma-separated string); they come first in tensor_split and
     main_gpu. One that cannot be reached is an RPCConnectionError before the model loads; one that goes away
@@ -125,6 +102,7 @@ class Llama:
         type_k: str | int = "f16",
         type_v: str | int = "f16",
         split_overlap: bool = False,
+        allreduce: AllReduceParams | None = None,
         rpc_servers: str | Sequence[str] | None = None,
         backend_sampling: bool = False,
         use_mmap: bool = True,
@@ -150,7 +128,7 @@ class Llama:
         model_params = ModelParams(n_gpu_layers=n_gpu_layers, split_mode=split_mode, main_gpu=main_gpu,
                                    tensor_split=tensor_split, attn_split=attn_split, rpc_servers=rpc_servers,
                                    use_mmap=use_mmap, vocab_only=vocab_only, kv_overrides=kv_overrides)
-        _check_lora(lora_path, lora_scale, model_params)
+        check_lora(lora_path, lora_scale, model_params)
         cpus = os.cpu_count() or 1  # llama-cpp-python's defaults: half the CPUs for generation, all for batches
         context_params = ContextParams(
             n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads or max(cpus // 2, 1),
@@ -158,11 +136,11 @@ class Llama:
             split_overlap=split_overlap, embeddings=embedding, pooling_type=pooling_type,
             # embedding: one sequence per input of a batch, all sharing the KV cache (as llama-cpp-python)
             n_seq_max=embedding_sequences(n_batch, model_params.split_mode) if embedding else 1,
-            kv_unified=embedding)
+            kv_unified=embedding, allreduce=allreduce)
         check_combination(model_params, context_params)
         if chat_format is not None and chat_template is not None:
             raise ValueError("give chat_format or chat_template, not both: both choose the chat template")
-        _check_gguf_file(path)
+        check_gguf_file(path)
 
         self.model_path = str(path)
         self.model_params = model_params  # the configuration, checked (pyllama_so.config)
@@ -365,6 +343,11 @@ class Llama:
         """What split overlap did: enabled, reason (why the lanes are off, or "on"), next_lane, and
         per lane [lane 0, lane 1]: ubatches, graph_builds, waits (on the other lane) and records."""
         return self._parts()[1].split_overlap_stats()
+
+    def allreduce_routing(self) -> AllReduceRouting:
+        """This context's AllReduce settings in effect and its own reductions per path (comm_contexts 0 without
+        split_mode="tensor")."""
+        return context_routing(self._parts()[1])
 
     @property
     def chat_template(self) -> ChatTemplate:

@@ -28,7 +28,8 @@ struct ggml_cuda_ce_rig {
     ggml_backend_buffer_t                bufs[2]     = {};
     std::vector<void *>                  dev_allocs[2];
 
-    int init(const int32_t * devices, bool with_comm) {
+    // with_comm: a comm context too, with `settings` unless their size is 0 (then the defaults)
+    int init(const int32_t * devices, bool with_comm, const pyllama_so_allreduce_params & settings) {
         const int n_dev = ggml_backend_cuda_get_device_count();
         if (devices[0] == devices[1]) {
             return PYLLAMA_SO_AR_EINVAL;
@@ -55,7 +56,14 @@ struct ggml_cuda_ce_rig {
             return PYLLAMA_SO_AR_ENOCOMM;
         }
         comm = comm_init(backends, 2);
-        return comm != nullptr ? PYLLAMA_SO_AR_OK : PYLLAMA_SO_AR_ENOCOMM;
+        if (comm == nullptr) {
+            return PYLLAMA_SO_AR_ENOCOMM;
+        }
+        if (settings.size == 0) {
+            return PYLLAMA_SO_AR_OK;
+        }
+        auto configure = (pyllama_so_allreduce_comm_configure_t) ggml_backend_reg_get_proc_address(reg, PYLLAMA_SO_AR_COMM_CONFIGURE_NAME);
+        return configure != nullptr ? configure(comm, &settings) : PYLLAMA_SO_AR_ENOCOMM;
     }
 
     cudaStream_t stream(int i) const {
@@ -150,7 +158,7 @@ int pyllama_so_allreduce_run(const pyllama_so_allreduce_run_params * p) {
         return PYLLAMA_SO_AR_EINVAL;
     }
     ggml_cuda_ce_rig rig;
-    int rc = rig.init(p->devices, /*with_comm =*/ true);
+    int rc = rig.init(p->devices, /*with_comm =*/ true, p->allreduce);
     if (rc != PYLLAMA_SO_AR_OK) {
         return rc;
     }
@@ -348,13 +356,17 @@ int pyllama_so_allreduce_bench(const pyllama_so_allreduce_bench_params * p) {
     }
     const bool comm = p->mode == PYLLAMA_SO_AR_BENCH_COMM;
     ggml_cuda_ce_rig rig;
-    int rc = rig.init(p->devices, comm);
+    int rc = rig.init(p->devices, comm, p->allreduce);
     if (rc != PYLLAMA_SO_AR_OK) {
         return rc;
     }
     if (!comm) {
-        // GGML_CUDA_AR_CE_CHUNK_BYTES, as the router reads it: the ceiling issued in chunks of that size
-        const size_t chunk = ggml_cuda_ce_env_chunk_bytes();
+        // the chunk size of the settings, as the router takes it: the ceiling issued in chunks of that size
+        pyllama_so_allreduce_settings settings;
+        if (pyllama_so_allreduce_resolve(p->allreduce.size != 0 ? &p->allreduce : nullptr, &settings) != PYLLAMA_SO_AR_OK) {
+            return PYLLAMA_SO_AR_EINVAL;
+        }
+        const size_t chunk = (size_t) settings.chunk_bytes;
         for (int k = 0; k < p->n_sizes && rc == PYLLAMA_SO_AR_OK; ++k) {
             rc = ggml_cuda_ce_bench_ceiling(rig, p->devices, (size_t) p->n_bytes[k], chunk, p->n_warmup, p->n_iter,
                                             &p->us_per_iter[k]);

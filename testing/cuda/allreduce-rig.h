@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 // Run n_iter reductions of n F32 elements on two devices through a fresh comm context (routed as
-// the meta backend's would be, env vars read now), back to back without host synchronization;
+// the meta backend's would be, with the settings `allreduce`), back to back without host synchronization;
 // reduction k reads input[i][k*n ...] and its result lands in output[i][k*n ...]. With n_alt > 0,
 // odd reductions reduce only their first n_alt elements (the rest of their output is the input).
 struct pyllama_so_allreduce_run_params {
@@ -28,6 +28,7 @@ struct pyllama_so_allreduce_run_params {
     int64_t       n_alt;     // 0, or 1..n: the size of the odd reductions (sizes alternate)
     const float * input[2];
     float *       output[2];
+    struct pyllama_so_allreduce_params allreduce; // the comm context's settings; allreduce.size == 0: the defaults
 };
 
 enum pyllama_so_ar_bench_mode {
@@ -49,6 +50,8 @@ struct pyllama_so_allreduce_bench_params {
                                         // with the reductions queued before the GPUs start them (a delay on
                                         // GPU 0 holds both), so the host's issue time is left out; NaN if the
                                         // host had not queued them all before the delay ended
+    struct pyllama_so_allreduce_params allreduce; // the comm context's settings ("comm"), the chunk size of the
+                                                  // copies ("ceiling"); allreduce.size == 0: the defaults
 };
 
 // Return codes beyond pyllama-so-allreduce.h's PYLLAMA_SO_AR_OK and PYLLAMA_SO_AR_EINVAL (plain ints, so that

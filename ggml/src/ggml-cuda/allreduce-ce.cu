@@ -29,135 +29,74 @@
 // Counters (all platforms)
 // ---------------------------------------------------------------------------------------------
 
-static std::atomic<uint64_t> g_ce_calls[PYLLAMA_SO_AR_PATH_COUNT];
-static std::atomic<uint64_t> g_ce_bytes[PYLLAMA_SO_AR_PATH_COUNT];
-static std::atomic<uint64_t> g_ce_rounds;
+// Reductions and bytes per path and copy-engine rounds, kept for the process and for each comm context (read by
+// other threads while the context reduces).
+struct ggml_cuda_ce_counters {
+    std::atomic<uint64_t> calls[PYLLAMA_SO_AR_PATH_COUNT] = {};
+    std::atomic<uint64_t> bytes[PYLLAMA_SO_AR_PATH_COUNT] = {};
+    std::atomic<uint64_t> rounds{0};
+
+    void count(int path, size_t nbytes) {
+        calls[path].fetch_add(1, std::memory_order_relaxed);
+        bytes[path].fetch_add(nbytes, std::memory_order_relaxed);
+    }
+
+    void read(uint64_t * out_calls, uint64_t * out_bytes, uint64_t * out_rounds) const {
+        for (int i = 0; i < PYLLAMA_SO_AR_PATH_COUNT; ++i) {
+            out_calls[i] = calls[i].load(std::memory_order_relaxed);
+            out_bytes[i] = bytes[i].load(std::memory_order_relaxed);
+        }
+        *out_rounds = rounds.load(std::memory_order_relaxed);
+    }
+
+    void reset() {
+        for (int i = 0; i < PYLLAMA_SO_AR_PATH_COUNT; ++i) {
+            calls[i].store(0, std::memory_order_relaxed);
+            bytes[i].store(0, std::memory_order_relaxed);
+        }
+        rounds.store(0, std::memory_order_relaxed);
+    }
+};
+
+static ggml_cuda_ce_counters g_ce_counters;
 static std::atomic<uint64_t> g_ce_buffer_allocs;
 static std::atomic<uint64_t> g_ce_alloc_failures;
-
-static void ggml_cuda_ce_count(int path, size_t nbytes) {
-    g_ce_calls[path].fetch_add(1, std::memory_order_relaxed);
-    g_ce_bytes[path].fetch_add(nbytes, std::memory_order_relaxed);
-}
 
 static int ggml_cuda_ce_stats_get(pyllama_so_allreduce_stats * out) {
     if (out == nullptr || out->size != sizeof(struct pyllama_so_allreduce_stats)) {
         return PYLLAMA_SO_AR_EINVAL;
     }
-    for (int i = 0; i < PYLLAMA_SO_AR_PATH_COUNT; ++i) {
-        out->calls[i] = g_ce_calls[i].load(std::memory_order_relaxed);
-        out->bytes[i] = g_ce_bytes[i].load(std::memory_order_relaxed);
-    }
-    out->ce_rounds         = g_ce_rounds.load(std::memory_order_relaxed);
+    g_ce_counters.read(out->calls, out->bytes, &out->ce_rounds);
     out->ce_buffer_allocs  = g_ce_buffer_allocs.load(std::memory_order_relaxed);
     out->ce_alloc_failures = g_ce_alloc_failures.load(std::memory_order_relaxed);
     return PYLLAMA_SO_AR_OK;
 }
 
 static void ggml_cuda_ce_stats_reset(void) {
-    for (int i = 0; i < PYLLAMA_SO_AR_PATH_COUNT; ++i) {
-        g_ce_calls[i].store(0, std::memory_order_relaxed);
-        g_ce_bytes[i].store(0, std::memory_order_relaxed);
-    }
-    g_ce_rounds.store(0, std::memory_order_relaxed);
+    g_ce_counters.reset();
     g_ce_buffer_allocs.store(0, std::memory_order_relaxed);
     g_ce_alloc_failures.store(0, std::memory_order_relaxed);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Configuration
+// Configuration (the settings themselves: pyllama_so_allreduce_resolve, in ggml-base)
 // ---------------------------------------------------------------------------------------------
 
-static constexpr size_t GGML_CUDA_CE_CHUNK_BYTES_MIN   = 64 * 1024;       // GGML_CUDA_AR_CE_CHUNK_BYTES range
-static constexpr int    GGML_CUDA_CE_N_SLOTS           = 2;
-static constexpr size_t GGML_CUDA_CE_SLOT_BYTES        = 4 * 1024 * 1024; // BF16 bytes per slot and direction
-static constexpr int    GGML_CUDA_CE_SLOT_CHUNKS       = (int) (GGML_CUDA_CE_SLOT_BYTES / GGML_CUDA_CE_CHUNK_BYTES_MIN);
-static constexpr size_t GGML_CUDA_CE_MIN_BYTES_DEFAULT = 512 * 1024;
-
-// GGML_CUDA_AR_CE: -1 auto (unset), 0 off, 1 force.
-static int ggml_cuda_ce_env_mode() {
-    const char * v = getenv("GGML_CUDA_AR_CE");
-    if (v == nullptr || v[0] == '\0') {
-        return -1;
-    }
-    if (strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0) {
-        return 0;
-    }
-    if (strcmp(v, "1") == 0 || strcmp(v, "on") == 0 || strcmp(v, "true") == 0 || strcmp(v, "force") == 0) {
-        return 1;
-    }
-    GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE=\"%s\" (expected 0 or 1)\n", __func__, v);
-    return -1;
-}
-
-// A byte-count variable: text == nullptr when unset; ok when the text is a plain decimal number.
-struct ggml_cuda_ce_env_bytes {
-    const char *       text  = nullptr;
-    bool               ok    = false;
-    unsigned long long value = 0;
-
-    explicit ggml_cuda_ce_env_bytes(const char * name) {
-        const char * v = getenv(name);
-        if (v == nullptr || v[0] == '\0') {
-            return;
-        }
-        char * end = nullptr;
-        text  = v;
-        value = strtoull(v, &end, 10);
-        ok    = end != v && *end == '\0' && v[0] != '-';
-    }
-};
-
-// GGML_CUDA_AR_LL_MAX_BYTES: the largest F32 reduction for the low-latency path (allreduce-ll.cu); 0: off.
-static constexpr size_t GGML_CUDA_LL_MAX_BYTES_DEFAULT = 64 * 1024;
-static constexpr size_t GGML_CUDA_LL_MAX_BYTES_LIMIT   = 4 * 1024 * 1024;
-
-static size_t ggml_cuda_ll_env_max_bytes() {
-    const ggml_cuda_ce_env_bytes v("GGML_CUDA_AR_LL_MAX_BYTES");
-    if (v.text == nullptr) {
-        return GGML_CUDA_LL_MAX_BYTES_DEFAULT;
-    }
-    if (!v.ok || v.value > GGML_CUDA_LL_MAX_BYTES_LIMIT) {
-        GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_LL_MAX_BYTES=\"%s\" (expected a byte count from 0 to %zu)\n",
-                      __func__, v.text, GGML_CUDA_LL_MAX_BYTES_LIMIT);
-        return GGML_CUDA_LL_MAX_BYTES_DEFAULT;
-    }
-    return (size_t) v.value;
-}
+static constexpr int    GGML_CUDA_CE_N_SLOTS     = 2;
+static constexpr size_t GGML_CUDA_CE_SLOT_BYTES  = PYLLAMA_SO_AR_CE_CHUNK_BYTES_MAX; // BF16 bytes per slot and direction
+static constexpr int    GGML_CUDA_CE_SLOT_CHUNKS = (int) (GGML_CUDA_CE_SLOT_BYTES / PYLLAMA_SO_AR_CE_CHUNK_BYTES_MIN);
 
 // Upstream's rule for BF16 on the wire (allreduce.cu reads the same variable): F32 tensors of at least
 // GGML_CUDA_AR_BF16_THRESHOLD bytes (default 1, i.e. all; 0: none). The low-latency path follows it, so that
 // switching it on or off changes no result.
 static size_t ggml_cuda_ll_env_bf16_threshold() {
-    const ggml_cuda_ce_env_bytes v("GGML_CUDA_AR_BF16_THRESHOLD");
-    return v.text != nullptr && v.ok ? (size_t) v.value : 1;
-}
-
-static size_t ggml_cuda_ce_env_min_bytes() {
-    const ggml_cuda_ce_env_bytes v("GGML_CUDA_AR_CE_MIN_BYTES");
-    if (v.text == nullptr) {
-        return GGML_CUDA_CE_MIN_BYTES_DEFAULT;
+    const char * v = getenv("GGML_CUDA_AR_BF16_THRESHOLD");
+    if (v == nullptr || v[0] == '\0' || v[0] == '-') {
+        return 1;
     }
-    if (!v.ok || v.value == 0) {
-        GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE_MIN_BYTES=\"%s\" (expected a byte count >= 1)\n", __func__, v.text);
-        return GGML_CUDA_CE_MIN_BYTES_DEFAULT;
-    }
-    return (size_t) v.value;
-}
-
-// GGML_CUDA_AR_CE_CHUNK_BYTES: bytes per copy, a power of two from 64 KiB to the slot size (4 MiB);
-// 0 (unset): automatic, see ggml_cuda_ce_chunk_bytes.
-size_t ggml_cuda_ce_env_chunk_bytes() {
-    const ggml_cuda_ce_env_bytes v("GGML_CUDA_AR_CE_CHUNK_BYTES");
-    if (v.text == nullptr) {
-        return 0;
-    }
-    if (!v.ok || v.value < GGML_CUDA_CE_CHUNK_BYTES_MIN || v.value > GGML_CUDA_CE_SLOT_BYTES || (v.value & (v.value - 1)) != 0) {
-        GGML_LOG_WARN("%s: ignoring GGML_CUDA_AR_CE_CHUNK_BYTES=\"%s\" (expected a power of two from %zu to %zu)\n",
-                      __func__, v.text, GGML_CUDA_CE_CHUNK_BYTES_MIN, GGML_CUDA_CE_SLOT_BYTES);
-        return 0;
-    }
-    return (size_t) v.value;
+    char * end = nullptr;
+    const unsigned long long value = strtoull(v, &end, 10);
+    return end != v && *end == '\0' ? (size_t) value : 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -214,10 +153,11 @@ struct ggml_cuda_ce_router {
     size_t             n_backends  = 0;
     ggml_cuda_ce_paths paths;
 
+    pyllama_so_allreduce_settings settings = {};
     bool   ce_enabled  = false; // large F32 reductions go to the copy engines
-    size_t min_bytes   = GGML_CUDA_CE_MIN_BYTES_DEFAULT;
+    size_t min_bytes   = PYLLAMA_SO_AR_CE_MIN_BYTES_DEFAULT;
     bool   fail_alloc  = false; // the buffer allocation fails: only the test harness asks for it
-    size_t chunk_bytes = 0;     // GGML_CUDA_AR_CE_CHUNK_BYTES; 0: automatic
+    size_t chunk_bytes = 0;     // 0: automatic
 
     ggml_cuda_ce_state  state = GGML_CUDA_CE_STATE_UNALLOCATED;
     ggml_cuda_ce_device dev[2];
@@ -228,6 +168,9 @@ struct ggml_cuda_ce_router {
     size_t                  ll_bf16_threshold = 1;
     ggml_cuda_ll_pipeline * ll                = nullptr; // allocated at the first such reduction
     bool                    ll_failed         = false;
+
+    ggml_cuda_ce_counters counters;       // this comm context's reductions
+    std::atomic<bool>     reduced{false}; // from the first reduction on, the settings stay
 };
 
 #if GGML_CUDA_CE_SUPPORTED
@@ -352,7 +295,7 @@ static bool ggml_cuda_ce_alloc_buffers(ggml_cuda_ce_router * r) {
     GGML_LOG_INFO("%s: copy-engine AllReduce on devices %d,%d: %zu MiB VRAM + %zu MiB pinned host memory per GPU, "
                   "reductions from %zu bytes, chunks of %s\n", __func__,
                   r->dev_ids[0], r->dev_ids[1], GGML_CUDA_CE_VRAM_BYTES >> 20, GGML_CUDA_CE_HOST_BYTES >> 20,
-                  r->min_bytes, r->chunk_bytes ? "GGML_CUDA_AR_CE_CHUNK_BYTES" : "1 or 2 MiB by size");
+                  r->min_bytes, r->chunk_bytes ? "the configured size" : "1 or 2 MiB by size");
     return true;
 }
 
@@ -518,7 +461,9 @@ static bool ggml_cuda_ce_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
         src[i] = (tensors[i]->flags & GGML_TENSOR_FLAG_COMPUTE) != 0 ? dst[i] : nullptr;
     }
     ggml_cuda_ce_issue(r, compute, src, dst, ne);
-    g_ce_rounds.fetch_add((uint64_t) ggml_cuda_ce_n_rounds(ne), std::memory_order_relaxed);
+    const uint64_t rounds = (uint64_t) ggml_cuda_ce_n_rounds(ne);
+    g_ce_counters.rounds.fetch_add(rounds, std::memory_order_relaxed);
+    r->counters.rounds.fetch_add(rounds, std::memory_order_relaxed);
     return true;
 }
 
@@ -602,6 +547,52 @@ static bool ggml_cuda_ce_peer_access(const int dev0, const int dev1) {
 #endif // !GGML_CUDA_CE_SUPPORTED
 }
 
+// Why the copy engines stay off for these settings, or nullptr when they take the large reductions.
+static const char * ggml_cuda_ce_off_reason(const ggml_cuda_ce_router * r) {
+    if (!GGML_CUDA_CE_SUPPORTED) {
+        return "unsupported on this platform";
+    }
+    if (r->n_backends != 2) {
+        return "needs exactly two devices";
+    }
+    if (r->paths.none) {
+        return "GGML_CUDA_ALLREDUCE selects no backend AllReduce";
+    }
+    if (r->settings.copy_engines == 0) {
+        return "set off";
+    }
+    if (r->settings.copy_engines != 1 && ggml_cuda_ce_peer_access(r->dev_ids[0], r->dev_ids[1])) {
+        return "peer access available (forcing the copy engines overrides it)";
+    }
+    return nullptr;
+}
+
+// Takes the settings (before the first reduction): thresholds, and whether the copy engines are on.
+static void ggml_cuda_ce_router_apply(ggml_cuda_ce_router * r, const pyllama_so_allreduce_settings & settings) {
+    r->settings     = settings;
+    r->min_bytes    = (size_t) settings.min_bytes;
+    r->chunk_bytes  = (size_t) settings.chunk_bytes;
+    r->ll_max_bytes = (size_t) settings.ll_max_bytes;
+
+    const char * why = ggml_cuda_ce_off_reason(r);
+    r->ce_enabled = why == nullptr;
+    if (why != nullptr) {
+        GGML_LOG_DEBUG("%s: copy-engine AllReduce off: %s\n", __func__, why);
+        return;
+    }
+    // The internal pipeline takes the reductions below the threshold; bring it up if the init
+    // chain chose NCCL. It needs Volta or newer; without it small reductions go to NCCL.
+    if (r->paths.ar_pipeline != nullptr && *r->paths.ar_pipeline == nullptr) {
+        *r->paths.ar_pipeline = ggml_cuda_ar_pipeline_init(r->dev_ids, r->n_backends);
+        if (*r->paths.ar_pipeline == nullptr) {
+            (void) cudaGetLastError();
+        }
+    }
+    GGML_LOG_DEBUG("%s: copy-engine AllReduce on for devices %d,%d from %zu bytes%s, low-latency path up to %zu bytes\n",
+                   __func__, r->dev_ids[0], r->dev_ids[1], r->min_bytes, settings.copy_engines == 1 ? " (forced)" : "",
+                   r->ll_max_bytes);
+}
+
 ggml_cuda_ce_router * ggml_cuda_ce_router_init(
         ggml_backend_t * backends, const int * dev_ids, size_t n_backends, const ggml_cuda_ce_paths & paths) {
     auto * r = new ggml_cuda_ce_router;
@@ -611,41 +602,12 @@ ggml_cuda_ce_router * ggml_cuda_ce_router_init(
         r->backends[i] = backends[i];
         r->dev_ids[i]  = dev_ids[i];
     }
-    r->min_bytes  = ggml_cuda_ce_env_min_bytes();
-    r->fail_alloc = pyllama_so_test_hook(PYLLAMA_SO_TEST_HOOK_CUDA_AR_CE_FAIL_ALLOC) != 0;
-    r->chunk_bytes = ggml_cuda_ce_env_chunk_bytes();
-    r->ll_max_bytes      = ggml_cuda_ll_env_max_bytes();
+    r->fail_alloc        = pyllama_so_test_hook(PYLLAMA_SO_TEST_HOOK_CUDA_AR_CE_FAIL_ALLOC) != 0;
     r->ll_bf16_threshold = ggml_cuda_ll_env_bf16_threshold();
 
-    const int mode = ggml_cuda_ce_env_mode();
-    const char * why = nullptr;
-    if (!GGML_CUDA_CE_SUPPORTED) {
-        why = "unsupported on this platform";
-    } else if (n_backends != 2) {
-        why = "needs exactly two devices";
-    } else if (paths.none) {
-        why = "GGML_CUDA_ALLREDUCE selects no backend AllReduce";
-    } else if (mode == 0) {
-        why = "GGML_CUDA_AR_CE=0";
-    } else if (mode != 1 && ggml_cuda_ce_peer_access(dev_ids[0], dev_ids[1])) {
-        why = "peer access available (GGML_CUDA_AR_CE=1 forces it)";
-    }
-    if (why != nullptr) {
-        GGML_LOG_DEBUG("%s: copy-engine AllReduce off: %s\n", __func__, why);
-        return r;
-    }
-
-    r->ce_enabled = true;
-    // The internal pipeline takes the reductions below the threshold; bring it up if the init
-    // chain chose NCCL. It needs Volta or newer; without it small reductions go to NCCL.
-    if (paths.ar_pipeline != nullptr && *paths.ar_pipeline == nullptr) {
-        *paths.ar_pipeline = ggml_cuda_ar_pipeline_init(dev_ids, n_backends);
-        if (*paths.ar_pipeline == nullptr) {
-            (void) cudaGetLastError();
-        }
-    }
-    GGML_LOG_DEBUG("%s: copy-engine AllReduce on for devices %d,%d from %zu bytes%s, low-latency path up to %zu bytes\n",
-                   __func__, dev_ids[0], dev_ids[1], r->min_bytes, mode == 1 ? " (forced)" : "", r->ll_max_bytes);
+    pyllama_so_allreduce_settings settings;
+    GGML_ASSERT(pyllama_so_allreduce_resolve(nullptr, &settings) == PYLLAMA_SO_AR_OK);
+    ggml_cuda_ce_router_apply(r, settings); // the defaults, until the comm context is configured
     return r;
 }
 
@@ -709,6 +671,7 @@ bool ggml_cuda_ce_router_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
         return true; // empty output (e.g. no outputs in this ubatch): nothing to reduce, as upstream
     }
     const size_t nbytes = tensors[0] != nullptr ? ggml_nbytes(tensors[0]) : 0;
+    r->reduced.store(true);
 
     int order[4];
     int n_order = 0;
@@ -734,12 +697,39 @@ bool ggml_cuda_ce_router_allreduce(ggml_cuda_ce_router * r, ggml_tensor ** tenso
 
     for (int k = 0; k < n_order; ++k) {
         if (ggml_cuda_ce_try(r, order[k], tensors)) {
-            ggml_cuda_ce_count(order[k], nbytes);
+            g_ce_counters.count(order[k], nbytes);
+            r->counters.count(order[k], nbytes);
             return true;
         }
     }
-    ggml_cuda_ce_count(PYLLAMA_SO_AR_PATH_FALLBACK, nbytes);
+    g_ce_counters.count(PYLLAMA_SO_AR_PATH_FALLBACK, nbytes);
+    r->counters.count(PYLLAMA_SO_AR_PATH_FALLBACK, nbytes);
     return false;
+}
+
+// The per-context entry points (pyllama-so-allreduce.h): comm_ctx is a comm context of this backend.
+static int ggml_cuda_ce_comm_configure(void * comm_ctx, const pyllama_so_allreduce_params * params) {
+    ggml_cuda_ce_router * r = ggml_cuda_comm_ce_router(comm_ctx);
+    pyllama_so_allreduce_settings settings;
+    if (r == nullptr || pyllama_so_allreduce_resolve(params, &settings) != PYLLAMA_SO_AR_OK) {
+        return PYLLAMA_SO_AR_EINVAL;
+    }
+    if (r->reduced.load()) {
+        return PYLLAMA_SO_AR_EBUSY;
+    }
+    ggml_cuda_ce_router_apply(r, settings);
+    return PYLLAMA_SO_AR_OK;
+}
+
+static int ggml_cuda_ce_comm_report(void * comm_ctx, pyllama_so_allreduce_report * out) {
+    const ggml_cuda_ce_router * r = ggml_cuda_comm_ce_router(comm_ctx);
+    if (r == nullptr || out == nullptr || out->size != sizeof(pyllama_so_allreduce_report)) {
+        return PYLLAMA_SO_AR_EINVAL;
+    }
+    out->settings   = r->settings;
+    out->ce_enabled = r->ce_enabled;
+    r->counters.read(out->calls, out->bytes, &out->ce_rounds);
+    return PYLLAMA_SO_AR_OK;
 }
 
 void * ggml_cuda_ce_proc_address(const char * name) {
@@ -748,6 +738,12 @@ void * ggml_cuda_ce_proc_address(const char * name) {
     }
     if (strcmp(name, PYLLAMA_SO_AR_STATS_RESET_NAME) == 0) {
         return (void *) ggml_cuda_ce_stats_reset;
+    }
+    if (strcmp(name, PYLLAMA_SO_AR_COMM_CONFIGURE_NAME) == 0) {
+        return (void *) ggml_cuda_ce_comm_configure;
+    }
+    if (strcmp(name, PYLLAMA_SO_AR_COMM_REPORT_NAME) == 0) {
+        return (void *) ggml_cuda_ce_comm_report;
     }
     return nullptr;
 }

@@ -34,9 +34,10 @@ struct ggml_cuda_ce_paths {
 
 struct ggml_cuda_ce_router;
 
-// Reads GGML_CUDA_AR_CE, GGML_CUDA_AR_CE_MIN_BYTES and GGML_CUDA_AR_CE_CHUNK_BYTES (and asks the test
-// hook PYLLAMA_SO_TEST_HOOK_CUDA_AR_CE_FAIL_ALLOC). Never fails; allocates no transfer buffers (that
-// happens at the first large reduction).
+// With the default settings (pyllama_so_allreduce_resolve: the environment variables, else the built-in values),
+// until the comm context is configured (PYLLAMA_SO_AR_COMM_CONFIGURE_NAME); asks the test hook
+// PYLLAMA_SO_TEST_HOOK_CUDA_AR_CE_FAIL_ALLOC. Never fails; allocates no transfer buffers (that happens at the
+// first large reduction).
 ggml_cuda_ce_router * ggml_cuda_ce_router_init(
     ggml_backend_t * backends, const int * dev_ids, size_t n_backends, const ggml_cuda_ce_paths & paths);
 
@@ -48,6 +49,5 @@ bool ggml_cuda_ce_router_allreduce(ggml_cuda_ce_router * router, struct ggml_ten
 // Names for the CUDA backend reg's get_proc_address (see pyllama-so-allreduce.h); nullptr if unknown.
 void * ggml_cuda_ce_proc_address(const char * name);
 
-// GGML_CUDA_AR_CE_CHUNK_BYTES as the router reads it: bytes per copy, or 0 (unset or invalid). Also used by
-// the test harness's benchmark (testing/cuda/allreduce-ce-bench.cu), which links ggml-cuda.
-size_t ggml_cuda_ce_env_chunk_bytes();
+// The router of a comm context made by ggml-cuda.cu (nullptr for nullptr), for the per-context entry points.
+ggml_cuda_ce_router * ggml_cuda_comm_ce_router(void * comm_ctx);

@@ -23,6 +23,13 @@ cdef extern from "allreduce-rig.h" nogil:
         PYLLAMA_SO_AR_BENCH_COMM
         PYLLAMA_SO_AR_BENCH_CEILING
 
+    struct pyllama_so_allreduce_params:
+        uint64_t size
+        int32_t copy_engines
+        int64_t min_bytes
+        int64_t chunk_bytes
+        int64_t ll_max_bytes
+
     struct pyllama_so_allreduce_run_params:
         uint64_t size
         int32_t devices[2]
@@ -32,6 +39,7 @@ cdef extern from "allreduce-rig.h" nogil:
         int64_t n_alt
         const float * input[2]
         float * output[2]
+        pyllama_so_allreduce_params allreduce
 
     struct pyllama_so_allreduce_bench_params:
         uint64_t size
@@ -44,6 +52,7 @@ cdef extern from "allreduce-rig.h" nogil:
         double * us_per_iter
         double * host_us_per_iter
         double * queued_us_per_iter
+        pyllama_so_allreduce_params allreduce
 
     int pyllama_so_allreduce_run(const pyllama_so_allreduce_run_params * params)
     int pyllama_so_allreduce_bench(const pyllama_so_allreduce_bench_params * params)
@@ -61,13 +70,25 @@ _ERRORS = {
 }
 
 
+cdef void _settings(pyllama_so_allreduce_params * out, allreduce) except *:
+    """An AllReduceParams (None: leave out->size 0, the defaults) as the C struct; -1 for a knob left None."""
+    if allreduce is None:
+        return
+    out.size = sizeof(pyllama_so_allreduce_params)
+    out.copy_engines = -1 if allreduce.copy_engines is None else int(allreduce.copy_engines)
+    out.min_bytes = -1 if allreduce.min_bytes is None else allreduce.min_bytes
+    out.chunk_bytes = -1 if allreduce.chunk_bytes is None else allreduce.chunk_bytes
+    out.ll_max_bytes = -1 if allreduce.ll_max_bytes is None else allreduce.ll_max_bytes
+
+
 cdef _check(int rc, str what):
     if rc != PYLLAMA_SO_AR_OK:
         raise LlamaError(f"{what}: {_ERRORS.get(rc, f'error {rc}')}")
 
 
-def run(x0, x1, int n_iter, unsigned int inactive, devices, int64_t n_alt):
-    """x0, x1: contiguous float32 arrays of one size, a multiple of n_iter; returns (r0, r1)."""
+def run(x0, x1, int n_iter, unsigned int inactive, devices, int64_t n_alt, allreduce=None):
+    """x0, x1: contiguous float32 arrays of one size, a multiple of n_iter; allreduce: an AllReduceParams (None:
+    the defaults); returns (r0, r1)."""
     r0 = np.empty_like(x0)
     r1 = np.empty_like(x1)
     cdef float[::1] vx0 = x0
@@ -88,6 +109,7 @@ def run(x0, x1, int n_iter, unsigned int inactive, devices, int64_t n_alt):
     p.input[1] = &vx1[0] if x1.size else dummy
     p.output[0] = &vr0[0] if r0.size else dummy
     p.output[1] = &vr1[0] if r1.size else dummy
+    _settings(&p.allreduce, allreduce)
     cdef int rc
     with nogil:
         rc = pyllama_so_allreduce_run(&p)
@@ -95,7 +117,7 @@ def run(x0, x1, int n_iter, unsigned int inactive, devices, int64_t n_alt):
     return r0, r1
 
 
-def bench(nb, str mode, int n_warmup, int n_iter, devices, bint host_time):
+def bench(nb, str mode, int n_warmup, int n_iter, devices, bint host_time, allreduce=None):
     """nb: a non-empty int64 array of byte counts; returns (us, host_us, queued_us) float64 arrays (NaN: not measured)."""
     us = np.zeros(nb.size, dtype=np.float64)
     host_us = np.full(nb.size, np.nan, dtype=np.float64)
@@ -117,6 +139,7 @@ def bench(nb, str mode, int n_warmup, int n_iter, devices, bint host_time):
     p.us_per_iter = &vus[0]
     p.host_us_per_iter = &vhost[0] if host_time else NULL
     p.queued_us_per_iter = &vqueued[0] if host_time and mode == "comm" else NULL
+    _settings(&p.allreduce, allreduce)
     cdef int rc
     with nogil:
         rc = pyllama_so_allreduce_bench(&p)

@@ -5,15 +5,19 @@
 Sizes are the 16-bit payload that crosses between the GPUs (as in docs/benchmarks.md and NCCL's
 algBW); the reduced F32 tensor is twice as large. For each size it times, in one run:
 
-  ce            the copy-engine path (GGML_CUDA_AR_CE=1, every size)
-  ce_c<K>k      with --ce-sweep: the copy-engine path with a fixed chunk of K KiB
-                (GGML_CUDA_AR_CE_CHUNK_BYTES) instead of the automatic 1 or 2 MiB
+  ce            the copy-engine path (copy engines forced, every size)
+  ce_c<K>k      with --ce-sweep: the copy-engine path with a fixed chunk of K KiB (chunk_bytes)
+                instead of the automatic 1 or 2 MiB
   nccl          NCCL as the machine allows (NVLink/peer access where present)
-  nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory (in a child process: NCCL
-                reads the variable once per process)
+  nccl_nop2p    NCCL with NCCL_P2P_DISABLE=1, through host memory
   internal      llama.cpp's internal pipeline (GGML_CUDA_ALLREDUCE=internal)
-  ll            the low-latency path (GGML_CUDA_AR_CE=1, every size up to its 4 MiB limit of F32;
+  ll            the low-latency path (copy engines forced, every size up to its 4 MiB limit of F32;
                 with --paths only: python -m pyllama_so.bench.allreduce --sizes 2K,8K,32K --paths ll,internal)
+
+The copy-engine and low-latency paths get their settings (AllReduceParams) in this process; a setting they
+leave unset takes its environment variable. nccl, nccl_nop2p and internal run in a child process each, with
+upstream's variables in its environment (the CUDA backend reads GGML_CUDA_ALLREDUCE when it makes a comm
+context, NCCL its variables once per process).
   ceiling       both GPUs copying the payload device->host and host->device at once (pinned),
                 the bound for any reduction through host memory
   ceiling_c<K>k with --ce-sweep: the same traffic issued as copies of K KiB (the copy engines'
@@ -37,35 +41,42 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from pyllama_so import _llama
 from pyllama_so import args as A
-from pyllama_so.allreduce import (ENV_ALLREDUCE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES, ENV_LL_MAX_BYTES,
-                                  LL_MAX_BYTES_LIMIT, environ)
+from pyllama_so.allreduce import ENV_ALLREDUCE, LL_MAX_BYTES_LIMIT, AllReduceParams
 from pyllama_so.bench import allreduce_rig
 
 DEFAULT_SIZES = "512K,1M,2M,4M,8M,16M,32M"
 EXIT_SKIPPED = 3  # nothing measured: a CPU build or fewer than two CUDA devices
 SKIPPED = "skipped: needs a CUDA build and 2 CUDA devices"
 
-# path -> (environment for the comm context, the counter that must move)
-_CE_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: "1", ENV_CE_CHUNK_BYTES: None,
-                                  ENV_LL_MAX_BYTES: None}
-_BASE_ENV: dict[str, str | None] = {ENV_CE: "0", ENV_CE_MIN_BYTES: None, ENV_CE_CHUNK_BYTES: None, ENV_LL_MAX_BYTES: None}
+class PathSetup(NamedTuple):
+    """How one path is timed: the comm context's settings, upstream's variables for a child process (None: the
+    path runs in this process) and the counter that must move."""
+
+    params: AllReduceParams
+    child_env: dict[str, str] | None
+    counter: str
+
+
+_CE = AllReduceParams(copy_engines=True, min_bytes=1)
+_OFF = AllReduceParams(copy_engines=False)
 # the copy engines on but above every size (the low-latency path comes after them in the routing)
-_LL_ENV: dict[str, str | None] = {ENV_ALLREDUCE: None, ENV_CE: "1", ENV_CE_MIN_BYTES: str(1 << 40),
-                                  ENV_CE_CHUNK_BYTES: None, ENV_LL_MAX_BYTES: str(LL_MAX_BYTES_LIMIT)}
+_LL = AllReduceParams(copy_engines=True, min_bytes=1 << 40, ll_max_bytes=LL_MAX_BYTES_LIMIT)
 SWEEP_CHUNKS_KIB = (256, 512, 1024, 2048, 4096)
 CEILING_CHUNKS_KIB = (256, 512, 1024, 2048)
 # --ce-sweep: the copy engines with each fixed chunk size, and the ceiling issued in chunks
 SWEEP_PATHS = tuple(f"ce_c{kib}k" for kib in SWEEP_CHUNKS_KIB)
 CEILING_ROWS = {f"ceiling_c{kib}k": kib << 10 for kib in CEILING_CHUNKS_KIB}
-PATHS: dict[str, tuple[dict[str, str | None], str]] = {
-    "ce": (_CE_ENV, "ce"),
-    **{name: ({**_CE_ENV, ENV_CE_CHUNK_BYTES: str(kib << 10)}, "ce") for name, kib in zip(SWEEP_PATHS, SWEEP_CHUNKS_KIB)},
-    "nccl": ({**_BASE_ENV, ENV_ALLREDUCE: "nccl"}, "nccl"),
-    "internal": ({**_BASE_ENV, ENV_ALLREDUCE: "internal"}, "internal"),
-    "ll": (_LL_ENV, "ll"),
+PATHS: dict[str, PathSetup] = {
+    "ce": PathSetup(_CE, None, "ce"),
+    **{name: PathSetup(AllReduceParams(copy_engines=True, min_bytes=1, chunk_bytes=kib << 10), None, "ce")
+       for name, kib in zip(SWEEP_PATHS, SWEEP_CHUNKS_KIB)},
+    "nccl": PathSetup(_OFF, {ENV_ALLREDUCE: "nccl"}, "nccl"),
+    "internal": PathSetup(_OFF, {ENV_ALLREDUCE: "internal"}, "internal"),
+    "ll": PathSetup(_LL, None, "ll"),
 }
 ORDER = ("ce", "nccl", "nccl_nop2p", "internal")  # the default --paths
 CHOICES = (*ORDER, "ll")
@@ -92,15 +103,14 @@ def fmt_size(n: int) -> str:
 
 def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int]) -> dict[str, object]:
     """Times one comm-context path in this process; `sizes` are payloads (F32 tensor = 2x)."""
-    env, counter = PATHS[path]
-    with environ(env):
-        _llama.allreduce_stats_reset()
-        try:
-            us, host_us, queued_us = allreduce_rig.allreduce_bench([2 * s for s in sizes], "comm", warmup, iters,
-                                                                   tuple(devices), host_time=True)
-        except _llama.LlamaError as e:
-            return {"error": str(e)}
-        stats = _llama.allreduce_stats()["paths"]
+    params, _, counter = PATHS[path]
+    _llama.allreduce_stats_reset()
+    try:
+        us, host_us, queued_us = allreduce_rig.allreduce_bench([2 * s for s in sizes], "comm", warmup, iters,
+                                                               tuple(devices), host_time=True, allreduce=params)
+    except _llama.LlamaError as e:
+        return {"error": str(e)}
+    stats = _llama.allreduce_stats()["paths"]
     ran = {name: v["calls"] for name, v in stats.items() if v["calls"]}
     out: dict[str, object] = {"us": us, "host_us": host_us, "queued_us": queued_us, "paths_counted": ran}
     if set(ran) != {counter}:
@@ -110,19 +120,22 @@ def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices:
 
 def time_ceiling(sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int],
                  chunk_bytes: int | None = None) -> dict[str, object]:
-    """The pinned-copy ceiling; with chunk_bytes, the same traffic issued as copies of that size."""
-    with environ({ENV_CE_CHUNK_BYTES: None if chunk_bytes is None else str(chunk_bytes)}):
-        try:
-            return {"us": allreduce_rig.allreduce_bench(list(sizes), "ceiling", warmup, iters, tuple(devices))}
-        except _llama.LlamaError as e:
-            return {"error": str(e)}
+    """The pinned-copy ceiling; with chunk_bytes, the same traffic issued as copies of that size (else in copies of
+    the chunk size that GGML_CUDA_AR_CE_CHUNK_BYTES sets, whole otherwise)."""
+    params = None if chunk_bytes is None else AllReduceParams(chunk_bytes=chunk_bytes)
+    try:
+        return {"us": allreduce_rig.allreduce_bench(list(sizes), "ceiling", warmup, iters, tuple(devices),
+                                                    allreduce=params)}
+    except _llama.LlamaError as e:
+        return {"error": str(e)}
 
 
 def time_in_child(path: str, extra_env: dict[str, str], args: argparse.Namespace) -> dict[str, object]:
+    """Times `path` in a child process whose environment adds the path's child_env and extra_env."""
     cmd = [sys.executable, "-m", "pyllama_so.bench.allreduce", "--worker", path,
            "--sizes", ",".join(str(s) for s in args.sizes), "--warmup", str(args.warmup),
            "--iters", str(args.iters), "--devices", f"{args.devices[0]},{args.devices[1]}"]
-    env = dict(os.environ, **extra_env)
+    env = {**os.environ, **(PATHS[path].child_env or {}), **extra_env}
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
@@ -153,6 +166,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     for path in order:
         if path == "nccl_nop2p":
             results[path] = time_in_child("nccl", {"NCCL_P2P_DISABLE": "1"}, args)
+        elif PATHS[path].child_env is not None:
+            results[path] = time_in_child(path, {}, args)
         else:
             results[path] = time_path(path, args.sizes, args.warmup, args.iters, args.devices)
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from pyllama_so import _build_info
 from pyllama_so._llama import LlamaError
+from pyllama_so.config import AllReduceParams
 
 __all__ = ["available", "allreduce_run", "allreduce_bench"]
 
@@ -33,8 +34,10 @@ def available() -> bool:
 
 
 def allreduce_run(a0: np.ndarray, a1: np.ndarray, n_iter: int = 1, inactive: int = 0,
-                  devices: Sequence[int] = (0, 1), n_alt: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Reduce a0 (device devices[0]) with a1 (devices[1]) through a fresh CUDA comm context.
+                  devices: Sequence[int] = (0, 1), n_alt: int = 0,
+                  allreduce: AllReduceParams | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Reduce a0 (device devices[0]) with a1 (devices[1]) through a fresh CUDA comm context, with the settings
+    `allreduce` (None: every knob's default, its environment variable or the built-in value).
 
     a0, a1: float32 arrays of n_iter * n elements; reduction k uses elements [k*n, (k+1)*n).
     All reductions are issued back to back without host synchronization. Returns (r0, r1), the
@@ -53,7 +56,7 @@ def allreduce_run(a0: np.ndarray, a1: np.ndarray, n_iter: int = 1, inactive: int
     rig = _rig()
     if rig is None:
         raise LlamaError("allreduce_run needs the CUDA backend (this build has none)")
-    return rig.run(x0, x1, n_iter, inactive, tuple(devices), n_alt)
+    return rig.run(x0, x1, n_iter, inactive, tuple(devices), n_alt, allreduce)
 
 
 def _nan_to_none(values: np.ndarray) -> list[float | None]:
@@ -61,13 +64,14 @@ def _nan_to_none(values: np.ndarray) -> list[float | None]:
 
 
 def allreduce_bench(sizes: Sequence[int], mode: str = "comm", n_warmup: int = 5, n_iter: int = 50,
-                    devices: Sequence[int] = (0, 1), host_time: bool = False
+                    devices: Sequence[int] = (0, 1), host_time: bool = False, allreduce: AllReduceParams | None = None
                     ) -> list[float] | tuple[list[float], list[float | None], list[float | None]]:
     """Mean microseconds per iteration for each size in bytes.
 
     mode "comm": reductions of F32 tensors of that many bytes through a fresh CUDA comm context
-    (routed by the GGML_CUDA_* variables in effect now). mode "ceiling": both GPUs copy that many
-    bytes device->host and host->device at once (pinned memory), the copy-engine ceiling.
+    with the settings `allreduce` (None: the defaults). mode "ceiling": both GPUs copy that many
+    bytes device->host and host->device at once (pinned memory), the copy-engine ceiling, in copies
+    of the settings' chunk size (whole when it is automatic).
     host_time ("comm" only): return (us, host_us, queued_us): also the mean host time to issue one
     reduction, and the GPU time per reduction with the reductions queued before the GPUs start them
     (the host's issue time left out; None where the host could not queue them in time).
@@ -80,7 +84,7 @@ def allreduce_bench(sizes: Sequence[int], mode: str = "comm", n_warmup: int = 5,
     nb = np.ascontiguousarray(sizes, dtype=np.int64)
     if nb.ndim != 1 or nb.size == 0:
         raise ValueError("sizes must be a non-empty list of byte counts")
-    us, host_us, queued_us = rig.bench(nb, mode, n_warmup, n_iter, tuple(devices), host_time)
+    us, host_us, queued_us = rig.bench(nb, mode, n_warmup, n_iter, tuple(devices), host_time, allreduce)
     if host_time:
         return [float(x) for x in us], _nan_to_none(host_us), _nan_to_none(queued_us)
     return [float(x) for x in us]
