@@ -123,6 +123,21 @@ def test_model_flags_come_from_one_table(monkeypatch: pytest.MonkeyPatch) -> Non
     assert bench_parser().parse_args(["-m", "a.gguf", "-m", "b.gguf,c.gguf"]).model == ["a.gguf", "b.gguf", "c.gguf"]
 
 
+def test_tensor_split_takes_llama_servers_commas_and_slashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A llama-server command line runs unchanged: -ts 3,1 and 3/1 (and LLAMA_ARG_TENSOR_SPLIT=1,1) in the
+    server and the perplexity tool; the bench keeps llama-bench's commas, a list of alternatives."""
+    from pyllama_so.perplexity.__main__ import parser as perplexity_parser
+
+    monkeypatch.delenv("LLAMA_ARG_TENSOR_SPLIT", raising=False)
+    for tool in (server_parser, perplexity_parser):
+        for text in ("3,1", "3/1"):
+            assert tool().parse_args(["-ts", text]).tensor_split == (3.0, 1.0), (tool, text)
+    assert bench_parser().parse_args(["-ts", "3/1,1/1"]).tensor_split == [(3.0, 1.0), (1.0, 1.0)]
+    monkeypatch.setenv("LLAMA_ARG_TENSOR_SPLIT", "1,1")
+    assert server_parser().parse_args([]).tensor_split == (1.0, 1.0)
+    assert bench_parser().parse_args([]).tensor_split == [(1.0,), (1.0,)]
+
+
 @pytest.mark.parametrize("bad", [["-ub", "0"], ["-sm", "diagonal"], ["-so", "maybe"], ["--port", "70000"],
                                  ["-np", "0"], ["--shutdown-grace", "-1"], ["--shutdown-grace", "nan"]])
 def test_bad_server_flags_exit_2(bad: list[str]) -> None:
