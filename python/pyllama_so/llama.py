@@ -69,6 +69,14 @@ def _constraint(grammar: str | LlamaGrammar | None, response_format: dict[str, A
     return None if text is None else LlamaGrammar(text, root)
 
 
+def seed_in_use(seed: int | None) -> int:
+    """The seed of a Llama's generator: the one given, or for None or -1 (random, as llama.cpp's
+    LLAMA_DEFAULT_SEED) one drawn now, so that save_state() can say which seed a run used."""
+    if seed is None or seed == -1:
+        return int(np.random.default_rng().integers(0, 2**32 - 1))
+    return int(seed)
+
+
 class LlamaState:
     """A snapshot of a Llama (save_state / load_state), with llama-cpp-python's attributes: the tokens held
     (input_ids, n_tokens), their logits rows when the Llama keeps them (scores, logits_all=True; else 0
@@ -76,7 +84,7 @@ class LlamaState:
     seed. rng_state is the Llama's random generator, so that sampling goes on exactly as after the save."""
 
     def __init__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single], n_tokens: int,
-                 llama_state: bytes, llama_state_size: int, seed: int | None,
+                 llama_state: bytes, llama_state_size: int, seed: int,
                  rng_state: dict[str, Any] | None = None) -> None:
         self.input_ids = input_ids
         self.scores = scores
@@ -230,8 +238,8 @@ class Llama:
         self.lora_scale = float(lora_scale)
         self.lora_base = lora_base
         self._logits_all = logits_all
-        self._seed_value = seed
-        self._rng = np.random.default_rng(seed)
+        self._seed_value = seed_in_use(seed)
+        self._rng = np.random.default_rng(self._seed_value)
         self._tokens: list[int] = []  # what the KV cache holds, in order
         self._scores: np.ndarray | None = None  # logits_all: (n_ctx, n_vocab), rows [0, n_tokens) valid
         _llama.set_verbose(verbose)
@@ -469,8 +477,8 @@ class Llama:
         """Restart the generator that gives calls without a seed theirs, as Llama(seed=seed) does."""
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed must be an int, got {seed!r}")
-        self._seed_value = int(seed)
-        self._rng = np.random.default_rng(None if seed == -1 else int(seed))
+        self._seed_value = seed_in_use(int(seed))
+        self._rng = np.random.default_rng(self._seed_value)
 
     def set_cache(self, cache: Any) -> None:
         """llama-cpp-python's: completions start from the cached state (pyllama_so.cache.LlamaRAMCache) sharing
