@@ -36,9 +36,10 @@ def tiny_model(model_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def small_model() -> Path:
-    """The bench's default synthetic model (qwen3-shaped, 33.6 M params), written once to the cache."""
-    return synth.cached_model("small", "f16")
+def small_model(model_dir: Path) -> Path:
+    """The bench's default synthetic shape (qwen3-shaped, 33.6 M params), in the session's pytest folder (not
+    the user's model cache)."""
+    return synth.write_model(model_dir / "small-f16.gguf", "small", "f16", quiet=True)
 # A chat template in the style of transformers' templates: the BOS written by the template, a default system
 # prompt, tools as JSON, raise_exception for a role it refuses. tests/test_chat.py spells out what it renders.
 CHAT_TEMPLATE = (
