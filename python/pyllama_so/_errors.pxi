@@ -53,8 +53,9 @@ cdef void _log_callback(ggml_log_level level, const char * text, void * user_dat
         fflush(stderr)
     _log_last_shown = show
 
+cdef int _LOG_NONE = 99  # above every level: nothing shown
 _LOG_LEVELS = {"debug": GGML_LOG_LEVEL_DEBUG, "info": GGML_LOG_LEVEL_INFO, "warn": GGML_LOG_LEVEL_WARN,
-               "error": GGML_LOG_LEVEL_ERROR, "none": 99}
+               "error": GGML_LOG_LEVEL_ERROR, "none": _LOG_NONE}
 
 
 # the level the user chose with set_log_level, or -1 for none: Llama's verbose= must not override it
@@ -78,11 +79,14 @@ def set_log_level(level):
 
 
 def set_verbose(bint verbose):
-    """Llama's verbose=: info lines and above when True, else the default (warn). A level set with
-    set_log_level is kept, except that verbose=True lowers it to info."""
+    """Llama's verbose=: info lines and above when True, else none, as llama-cpp-python's verbose=False (a
+    failed call's error lines still reach its exception). A level set with set_log_level is kept, except
+    that verbose=True lowers it to info."""
     global _log_threshold
-    cdef int base = _log_explicit if _log_explicit >= 0 else <int> GGML_LOG_LEVEL_WARN
-    _log_threshold = min(base, <int> GGML_LOG_LEVEL_INFO) if verbose else base
+    if _log_explicit >= 0:
+        _log_threshold = min(_log_explicit, <int> GGML_LOG_LEVEL_INFO) if verbose else _log_explicit
+    else:
+        _log_threshold = <int> GGML_LOG_LEVEL_INFO if verbose else _LOG_NONE
 
 
 cdef str _take_last_error():
