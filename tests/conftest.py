@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,9 @@ from cuda_devices import cuda_device_count
 from real_models import real_model
 
 from pyllama_so import synth
+
+# scripts/ holds modules (server_process, server_load, fetch_upstream, gpu_check, ...) that tests import by name
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
