@@ -102,9 +102,10 @@ class Llama:
     (0: the model's training context); a request that changes is warned about (UserWarning), and
     n_ctx() is what the context holds.
 
-    verbose: show llama.cpp's log from the info level on; False (the default) shows none of it, as
-    llama-cpp-python, and a failed call's exception carries llama.cpp's error lines. A level set with
-    pyllama_so.set_log_level() before is kept: verbose=True only lowers it to info.
+    verbose: show llama.cpp's log from the info level on. False (the default) shows its error lines only,
+    and none while the model loads or the context is made, as llama-cpp-python: a failed load's exception
+    carries them. A level set with pyllama_so.set_log_level() before is kept: verbose=True only lowers it
+    to info.
 
     split_overlap: with split_mode="tensor", consecutive ubatches alternate between two lanes (each
     with its own scheduler, streams, AllReduce context and compute buffers), so one ubatch's
