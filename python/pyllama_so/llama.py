@@ -964,13 +964,16 @@ class Llama:
                          extra: dict[str, Any]) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """create_chat_completion with tools, as llama-server's --jinja: llama.cpp's chat layer renders the
         messages and tools in the model's format, its grammar keeps a call well formed, and the text is parsed
-        into the message's content and tool_calls (finish_reason "tool_calls")."""
+        into the message's content and tool_calls (finish_reason "tool_calls"). A template that cannot express the
+        tools is a UserWarning, or with a call required a ValueError (tool_calls.ToolChoiceError)."""
         text = getattr(template, "text", None)
         if text is None:
             raise ValueError(f"tools need a Jinja chat template; {template.name} (a llama.cpp built-in) cannot "
                              "render them (give chat_template= a Jinja text)")
         tc = tool_chat(self._parts()[0], text, [dict(m) for m in messages], tools, tool_choice,
-                       template_kwargs=template_kwargs)
+                       template_kwargs=template_kwargs, template_name=template.name)
+        if tc.warning:
+            warnings.warn(tc.warning, UserWarning, stacklevel=3)
         # the chat layer takes the template's BOS off where the vocabulary adds one: the tokenizer adds it
         tokens = self.tokenize(tc.prompt, add_bos=True, special=True)
         stops = [stop] if isinstance(stop, str) else list(stop or [])

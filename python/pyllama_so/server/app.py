@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -39,7 +40,9 @@ from pyllama_so.server.jobs import (Run, cancel_all, check_n, collect_all, failu
 from pyllama_so.server.prompts import checked_ids
 from pyllama_so.server.schemas import ChatRequest, ChatTemplateRequest, CompletionRequest, GenerationRequest
 from pyllama_so.server.settings import ServerDefaults
-from pyllama_so.tool_calls import ToolCallStream, ToolChat, parse_message, tool_chat, uses_tools
+from pyllama_so.tool_calls import ToolCallStream, ToolChat, ToolChoiceError, parse_message, tool_chat, uses_tools
+
+log = logging.getLogger("pyllama_so.server")
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # answered without the API key
 # llama-server's own routes: their errors have its shape
@@ -277,12 +280,16 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         def prepare() -> ToolChat:
             tc = tool_chat(model, template, [m.variables() for m in body.messages], body.tools or [], body.tool_choice,
                            parallel_tool_calls=body.parallel_tool_calls, add_generation_prompt=body.add_generation_prompt,
-                           template_kwargs=body.chat_template_kwargs)
+                           template_kwargs=body.chat_template_kwargs, template_name=chat.name)
+            if tc.warning:
+                log.warning("%s", tc.warning)
             if generates and tc.grammar is not None:
                 _llama.check_grammar(model, tc.grammar)  # before it is queued: the engine builds it with the slot's chain
             return tc
         try:
             return await run_in_threadpool(prepare)
+        except ToolChoiceError as e:
+            raise ApiError(400, str(e), param="tool_choice") from None
         except ValueError as e:
             raise ApiError(400, str(e), param="tools") from None
 
