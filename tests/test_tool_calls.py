@@ -359,3 +359,20 @@ def test_the_server_with_a_template_that_cannot_write_calls(smollm2_model: Path)
         r = chat(s, messages=PARIS, tools=[WEATHER], max_tokens=4)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
         s.wait_for_log(r"the model's chat template \(tokenizer\.chat_template\) cannot express tool calls")
+
+
+def test_a_call_cut_by_max_tokens_finishes_with_length(llm: Any, server: Any) -> None:
+    """As llama-server: "tool_calls" only when the generation ended by itself; a call cut short stays "length"
+    (its start still parsed into tool_calls), in Llama and the server, streamed and not."""
+    ask = dict(tools=[WEATHER, TIME], tool_choice=GET_TIME, max_tokens=16)
+    whole = llm.create_chat_completion(PARIS, temperature=0, **ask)["choices"][0]
+    assert whole["message"]["tool_calls"][0]["function"]["name"] == "get_time" and whole["finish_reason"] == "length"
+    chunks = list(llm.create_chat_completion(PARIS, temperature=0, stream=True, **ask))
+    assert any("tool_calls" in c["choices"][0]["delta"] for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    out = chat(server, messages=PARIS, **ask).json()["choices"][0]
+    assert out["message"]["tool_calls"][0]["function"]["name"] == "get_time" and out["finish_reason"] == "length"
+    r = chat(server, messages=PARIS, stream=True, **ask)
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert any("tool_calls" in e["choices"][0]["delta"] for e in events)
+    assert events[-1]["choices"][0]["finish_reason"] == "length"

@@ -32,7 +32,7 @@ from pyllama_so.logprobs import (LogitsProcessor, LogprobRows, StoppingCriteria,
 from pyllama_so.prefix import common_prefix
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.textstream import TextStream
-from pyllama_so.tool_calls import ToolCallStream, parse_message, tool_chat, uses_tools
+from pyllama_so.tool_calls import ToolCallStream, finish_reason, parse_message, tool_chat, uses_tools
 
 if TYPE_CHECKING:
     from pyllama_so.tokenizer import LlamaTokenizer
@@ -987,6 +987,5 @@ class Llama:
         out = chat_completion.chat_response(out, name)  # type: ignore[arg-type]
         choice = out["choices"][0]
         choice["message"] = parse_message(tc.parser, choice["message"]["content"])
-        if "tool_calls" in choice["message"]:
-            choice["finish_reason"] = "tool_calls"
+        choice["finish_reason"] = finish_reason("tool_calls" in choice["message"], choice["finish_reason"])
         return out

@@ -22,7 +22,8 @@ from typing import Any
 
 from pyllama_so import _llama
 
-__all__ = ["ToolChat", "ToolCallStream", "ToolChoiceError", "tool_chat", "uses_tools", "parse_message"]
+__all__ = ["ToolChat", "ToolCallStream", "ToolChoiceError", "finish_reason", "tool_chat", "uses_tools",
+           "parse_message"]
 
 
 def uses_tools(tools: Sequence[Any] | None, tool_choice: Any) -> bool:
@@ -157,6 +158,12 @@ def _call_first(grammar: dict[str, Any], calls: Sequence[str]) -> dict[str, Any]
     end = starts[at + 1][0] if at + 1 < len(starts) else len(text)
     rooted = text[:begin] + f"root ::= {' | '.join(calls)}\n" + text[end:]
     return {"grammar": rooted, "lazy": False, "trigger_patterns": [], "trigger_tokens": [], "prefill": []}
+
+
+def finish_reason(called: bool, finish: str) -> str:
+    """A generation's finish reason in a chat with tools, as llama-server gives it: "tool_calls" when the message
+    called a tool and the generation ended by itself; a call cut by max_tokens stays "length"."""
+    return "tool_calls" if called and finish == "stop" else finish
 
 
 def _call_id() -> str:

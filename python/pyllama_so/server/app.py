@@ -40,7 +40,8 @@ from pyllama_so.server.jobs import (Run, cancel_all, check_n, collect_all, failu
 from pyllama_so.server.prompts import checked_ids
 from pyllama_so.server.schemas import ChatRequest, ChatTemplateRequest, CompletionRequest, GenerationRequest
 from pyllama_so.server.settings import ServerDefaults
-from pyllama_so.tool_calls import ToolCallStream, ToolChat, ToolChoiceError, parse_message, tool_chat, uses_tools
+from pyllama_so.tool_calls import (ToolCallStream, ToolChat, ToolChoiceError, finish_reason, parse_message, tool_chat,
+                                  uses_tools)
 
 log = logging.getLogger("pyllama_so.server")
 
@@ -157,7 +158,8 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
         (choices interleaved as their tokens come, each chunk naming its index), then the usage chunk when
         asked (stream_options.include_usage), [DONE]. A client that leaves cancels the jobs. tools: each
         choice's parse into content and tool calls, which gives its deltas instead of delta and last (a piece
-        that makes nothing certain yet gives no chunk; a choice that called a tool ends with "tool_calls")."""
+        that makes nothing certain yet gives no chunk; a choice that called a tool ends with "tool_calls" unless
+        max_tokens cut it)."""
 
         want = runs[0].job.logprobs is not None
 
@@ -180,7 +182,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                             d = last(event.text)
                         else:
                             d = await run_in_threadpool(tools[i].finish, event.text) or {}
-                            finish = "tool_calls" if tools[i].called else finish
+                            finish = finish_reason(tools[i].called, finish)
                         yield _sse(chunk(d, finish, lps=want and logprobs(event.logprobs), index=i,
                                          timings=event.timings.as_dict()))
                     else:
@@ -332,7 +334,7 @@ def create_app(engine: Engine, *, model_id: str, chat: ChatTemplate, api_key: st
                     else await run_in_threadpool(parse_message, tc.parser, content) for content, _ in results]
         choices = [{"index": i, "message": message,
                     "logprobs": chat_logprobs(run.logprobs) if run.job.logprobs is not None else None,
-                    "finish_reason": "tool_calls" if "tool_calls" in message else done.finish_reason}
+                    "finish_reason": finish_reason("tool_calls" in message, done.finish_reason)}
                    for i, (run, message, (_, done)) in enumerate(zip(started, messages, results))]
         dones = [done for _, done in results]
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_id,
