@@ -21,7 +21,8 @@ class ServerProcess:
     """`COMMAND --port 0 ARGS`, COMMAND by default `python -m pyllama_so.server` (llama-server's path for
     upstream's: both log a "listening on URL" line once they serve, and answer /health): url comes from that
     line, and the constructor returns once /health answers 200 within start_timeout (or stops the server and
-    raises RuntimeError). lines holds its log (stdout and stderr, read as it comes so the pipe never fills).
+    raises RuntimeError). lines holds its log (stdout and stderr, read as it comes so the pipe never fills):
+    a line the server writes reaches it a little later (wait_for_log), and all of it once stop() returns.
     stop() terminates it, killing it after 20 s."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, start_timeout: float = 120,
@@ -32,7 +33,8 @@ class ServerProcess:
         self._ready = threading.Event()
         self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      errors="replace", env={**os.environ, **(env or {})})
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         try:
             if not self._ready.wait(start_timeout) or not self.url:
                 raise RuntimeError(f"the server did not start:\n{self.log}")
@@ -66,6 +68,15 @@ class ServerProcess:
     def log(self) -> str:
         return "".join(self.lines)
 
+    def wait_for_log(self, pattern: str, timeout: float = 60) -> re.Match[str]:
+        """The first match of the regular expression pattern in the log, once the line has come through the
+        pipe; the deadline only guards against a hang (AssertionError with the log)."""
+        deadline = time.monotonic() + timeout
+        while (m := re.search(pattern, self.log)) is None:
+            assert time.monotonic() < deadline and self._reader.is_alive(), f"no {pattern!r} in the log:\n{self.log}"
+            time.sleep(0.02)
+        return m
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()  # SIGTERM: a clean shutdown, requests in progress get 5 s
@@ -74,6 +85,7 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._reader.join(20)  # the log's last lines (the pipe ends with the process and any child holding it)
 
     def __enter__(self) -> ServerProcess:
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,9 @@ from cuda_devices import cuda_device_count
 from real_models import real_model
 
 from pyllama_so import synth
+
+# scripts/ holds modules (server_process, server_load, fetch_upstream, gpu_check, ...) that tests import by name
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -36,9 +40,10 @@ def tiny_model(model_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def small_model() -> Path:
-    """The bench's default synthetic model (qwen3-shaped, 33.6 M params), written once to the cache."""
-    return synth.cached_model("small", "f16")
+def small_model(model_dir: Path) -> Path:
+    """The bench's default synthetic shape (qwen3-shaped, 33.6 M params), in the session's pytest folder (not
+    the user's model cache)."""
+    return synth.write_model(model_dir / "small-f16.gguf", "small", "f16", quiet=True)
 # A chat template in the style of transformers' templates: the BOS written by the template, a default system
 # prompt, tools as JSON, raise_exception for a role it refuses. tests/test_chat.py spells out what it renders.
 CHAT_TEMPLATE = (

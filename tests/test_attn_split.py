@@ -198,12 +198,12 @@ def test_llama_with_attn_split_runs(tiny_model: Path) -> None:
 # --- command line --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text,expected", [("1/3", (1.0, 3.0)), ("1,3", (1.0, 3.0)), ("0/1", (0.0, 1.0)),
-                                           ("2", (2.0,))])
+                                           ("2", (2.0,)), ("1/3,1", (1.0, 3.0, 1.0))])  # as llama.cpp's -ts
 def test_args_attn_split(text: str, expected: tuple[float, ...]) -> None:
     assert args.attn_split(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "a/b", "-1/1", "0/0", "nan,1", "1/3,1"])
+@pytest.mark.parametrize("text", ["", "a/b", "-1/1", "0/0", "nan,1", "1,/3,"])
 def test_args_attn_split_errors(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         args.attn_split(text)

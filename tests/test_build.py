@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fetch_upstream  # scripts/fetch_upstream.py (tests/conftest.py puts scripts/ on the path)
 import pytest
 
 import pyllama_so
@@ -45,37 +46,25 @@ def test_no_upstream_file_is_tracked() -> None:
     assert not copies, f"upstream files are tracked: {copies}"
 
 
-def _fetch_module():
-    import importlib.machinery
-    import importlib.util
-
-    loader = importlib.machinery.SourceFileLoader("fetch_upstream", str(REPO / "scripts" / "fetch-upstream"))
-    spec = importlib.util.spec_from_loader("fetch_upstream", loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
 def test_fetch_selects_only_the_needed_parts() -> None:
-    fetch = _fetch_module()
     pats = PIN["include"]
-    assert fetch.wanted("ggml/src/ggml-cuda/allreduce.cu", pats)
-    assert fetch.wanted("ggml/src/ggml.c", pats)
-    assert fetch.wanted("ggml/src/ggml-rpc/ggml-rpc.cpp", pats)
-    assert fetch.wanted("tools/rpc/rpc-server.cpp", pats)
-    assert not fetch.wanted("ggml/src/ggml-vulkan/ggml-vulkan.cpp", pats)
-    assert not fetch.wanted("ggml/src/ggml-sycl/foo.c", pats)
+    assert fetch_upstream.wanted("ggml/src/ggml-cuda/allreduce.cu", pats)
+    assert fetch_upstream.wanted("ggml/src/ggml.c", pats)
+    assert fetch_upstream.wanted("ggml/src/ggml-rpc/ggml-rpc.cpp", pats)
+    assert fetch_upstream.wanted("tools/rpc/rpc-server.cpp", pats)
+    assert not fetch_upstream.wanted("ggml/src/ggml-vulkan/ggml-vulkan.cpp", pats)
+    assert not fetch_upstream.wanted("ggml/src/ggml-sycl/foo.c", pats)
     # llama-server (-DPYLLAMA_SO_UPSTREAM_SERVER=ON): its sources, mtmd's, the UI's CMake glue; common/ whole
     for rel in ("tools/server/server.cpp", "tools/server/server-http.h", "tools/mtmd/clip.cpp",
                 "tools/mtmd/models/qwen3vl.cpp", "tools/mtmd/debug/mtmd-debug.h", "tools/ui/CMakeLists.txt",
                 "tools/ui/ui.cpp.in", "scripts/ui-assets.cmake", "common/json-schema-to-grammar.cpp",
                 "common/jinja/runtime.cpp", "vendor/cpp-httplib/httplib.cpp"):
-        assert fetch.wanted(rel, pats), rel
+        assert fetch_upstream.wanted(rel, pats), rel
     # ... but not the web UI's sources, the tools' tests, docs and media
     for rel in ("tools/ui/src/app.html", "tools/ui/package-lock.json", "tools/server/README.md",
                 "tools/server/tests/unit/test_basic.py", "tools/server/bench/bench.py", "tools/mtmd/test-1.jpeg",
                 "tools/mtmd/legacy-models/llava_surgery.py", "tools/mtmd/debug/mtmd-debug.cpp"):
-        assert not fetch.wanted(rel, pats), rel
+        assert not fetch_upstream.wanted(rel, pats), rel
 
 
 def test_the_extracted_tree_stays_small() -> None:
@@ -88,16 +77,15 @@ def test_the_extracted_tree_stays_small() -> None:
 
 
 def test_fetch_extracts_again_for_another_parts_list(tmp_path: Path) -> None:
-    fetch = _fetch_module()
-    pin = fetch.load_pin()
+    pin = fetch_upstream.load_pin()
     tree = tmp_path / "llama.cpp"
     tree.mkdir()
-    assert not fetch.is_current(tree, pin)
-    (tree / fetch.STAMP).write_text(f"{pin['sdist_sha256']} {pin['commit']}\n")  # a tree without the parts list
-    assert not fetch.is_current(tree, pin)
-    (tree / fetch.STAMP).write_text(fetch.stamp_text(pin))
-    assert fetch.is_current(tree, pin)
-    assert not fetch.is_current(tree, {**pin, "include": pin["include"] + ["tools/server"]})
+    assert not fetch_upstream.is_current(tree, pin)
+    (tree / fetch_upstream.STAMP).write_text(f"{pin['sdist_sha256']} {pin['commit']}\n")  # a tree without the parts list
+    assert not fetch_upstream.is_current(tree, pin)
+    (tree / fetch_upstream.STAMP).write_text(fetch_upstream.stamp_text(pin))
+    assert fetch_upstream.is_current(tree, pin)
+    assert not fetch_upstream.is_current(tree, {**pin, "include": pin["include"] + ["tools/server"]})
 
 
 def test_fetch_rejects_a_wrong_checksum(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
@@ -271,6 +272,41 @@ def test_completion_utf8_split_across_tokens(tiny_model: Path, monkeypatch: pyte
         if stop is not None:
             want = want[: want.find(stop)]
         assert _completion_texts(llm, "abc", max_tokens=len(tokens), stop=stop) == [want] * 3
+
+
+# a child Python: stderr is its fd 2, which llama.cpp's log writes to
+QUIET_LOAD = """
+import sys
+from pyllama_so import Llama, ModelLoadError
+try:
+    with Llama(sys.argv[1], n_ctx=512, n_threads=2) as llm:
+        llm.create_completion("Hello", max_tokens=2, temperature=0)
+        print("generated")
+except ModelLoadError as e:
+    print(e)
+"""
+
+
+def _quiet_load(path: Path) -> tuple[str, str]:
+    res = subprocess.run([sys.executable, "-c", QUIET_LOAD, str(path)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip(), res.stderr
+
+
+def test_verbose_false_is_silent_on_a_gemma3_load(gemma3_model: Path) -> None:
+    """Gemma 3's load logs warnings (a control-looking token, the full-size SWA cache): with verbose=False
+    (the default) none of llama.cpp's log reaches stderr while it loads and generates, as with
+    llama-cpp-python."""
+    out, err = _quiet_load(gemma3_model)
+    assert (out, err) == ("generated", "")
+
+
+def test_a_load_error_is_in_the_exception_only(tmp_path: Path, tiny_model: Path) -> None:
+    """llama.cpp's error lines are the exception's text, not printed before it."""
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_model.read_bytes()[:100_000])
+    out, err = _quiet_load(cut)
+    assert "data is not within the file bounds" in out and err == ""
 
 
 def test_explicit_log_level_survives_verbose(tiny_model: Path, capfd: pytest.CaptureFixture[str]) -> None:

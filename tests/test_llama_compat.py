@@ -437,6 +437,24 @@ def test_set_seed_replays_like_a_new_llama(tiny_model: Path) -> None:
             llm.set_seed("7")  # type: ignore[arg-type]
 
 
+def test_a_state_carries_the_seed_in_use_when_none_was_given(tiny_model: Path) -> None:
+    """Without a seed (or with -1, llama.cpp's random one) the Llama draws one: the state names it, and a
+    Llama made with it samples the same, as llama-cpp-python's state carries its seed."""
+    def sample(llm: Llama) -> str:
+        return llm.create_completion(PROMPT, max_tokens=16, temperature=1.0)["choices"][0]["text"]
+
+    with Llama(tiny_model, n_ctx=256, n_threads=2) as llm:
+        seed = llm.save_state().seed
+        assert isinstance(seed, int) and 0 <= seed < 2**32
+        want = sample(llm)
+        llm.set_seed(-1)
+        assert isinstance(llm.save_state().seed, int)
+    with Llama(tiny_model, n_ctx=256, n_threads=2, seed=seed) as replay:
+        assert sample(replay) == want
+    with Llama(tiny_model, n_ctx=256, n_threads=2, seed=-1) as random_seed:
+        assert isinstance(random_seed.save_state().seed, int)
+
+
 def test_metadata_is_every_scalar_key_as_a_string(tiny_model: Path) -> None:
     written = synth.metadata(synth.SHAPES["tiny"], "f16", "tiny")
     with Llama(tiny_model, n_ctx=256) as llm:

@@ -107,6 +107,25 @@ def test_fetch_reports_a_failed_download(fake: models.RealModel, monkeypatch: py
     assert _leftovers(fake) == []
 
 
+def test_a_dequantized_copy_goes_where_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dequantized(name, directory) writes the F32 copy there and leaves the model cache as it was (the tests'
+    copy of SmolLM2 is 540 MB); without a directory it goes beside the cached model."""
+    from pyllama_so import Llama, synth
+
+    monkeypatch.setenv("PYLLAMA_SO_CACHE", str(tmp_path / "cache"))
+    cached = synth.write_model(synth.default_cache_dir() / "tiny.gguf", "tiny", "q8_0", quiet=True)
+    data = cached.read_bytes()
+    monkeypatch.setitem(models.MODELS, "tiny", models.RealModel("tiny", "tiny.gguf", hashlib.sha256(data).hexdigest(),
+                                                                len(data), (), "a synthetic model"))
+    monkeypatch.setattr(models, "_verified", {})
+    path = models.dequantized("tiny", tmp_path / "out")
+    assert path == tmp_path / "out" / "tiny.f32.gguf"
+    with Llama(path, vocab_only=True) as f32:
+        assert f32.metadata["general.file_type"] == "0"  # llama_ftype ALL_F32
+    assert sorted(p.name for p in cached.parent.iterdir()) == ["tiny.gguf"]
+    assert models.dequantized("tiny") == cached.with_name("tiny.f32.gguf")
+
+
 def test_unknown_model_names() -> None:
     with pytest.raises(ValueError, match="unknown model 'nope'; expected one of smollm2-135m, gemma3-270m"):
         models.find("nope")

@@ -16,6 +16,7 @@ wrong device) gives KLDs of order 1 (test_broken_event_wait_is_caught).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -168,15 +169,19 @@ def test_broken_event_wait_is_caught(runs: dict[str, Runs], tmp_path_factory: py
 
 
 @pytest.fixture(scope="module")
-def smollm2_f32() -> Path:
-    """SmolLM2 dequantized to F32 by llama.cpp's quantizer (540 MB, written once into the model cache)."""
+def smollm2_f32(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """SmolLM2 dequantized to F32 by llama.cpp's quantizer (540 MB, in a pytest folder and removed after the
+    module: not left in the user's model cache, nor in pytest's kept folders)."""
     real_model("smollm2-135m")
-    return models.dequantized("smollm2-135m")
+    path = models.dequantized("smollm2-135m", tmp_path_factory.mktemp("f32"))
+    yield path
+    path.unlink()
 
 
 @pytest.mark.parametrize("label", ["Meta(CPUV0,CPUV1)", "Meta(CPUV0,CPUV1,CPUV2) -so", "Meta(CPUV0,CPUV1) -as 0/1"])
 def test_f32_weights_split_to_rounding_level(smollm2_f32: Path, tmp_path: Path, label: str) -> None:
     """Without activation quantization, tensor split of a real model equals one device to float rounding."""
+    assert models.cache_path("smollm2-135m").parent not in smollm2_f32.parents  # a test copy: not in the cache
     job = Job(model=str(smollm2_f32), tokens=_tokens(smollm2_f32, N_TOKENS), logits_from=N_TOKENS - N_OUT)
     ref = run_job(replace(job, n_ubatch=512), tmp_path).logits
     got = run_job(replace(job, split_mode="tensor", **TENSOR[label]), tmp_path).logits

@@ -147,7 +147,7 @@ def test_an_unreachable_server_is_a_connection_error_before_loading(tiny_model: 
     t0 = time.monotonic()
     with pytest.raises(RPCConnectionError, match=f"RPC server {endpoint}: connection refused") as err:
         Llama(tiny_model, n_ctx=256, rpc_servers=[endpoint])
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # a hang guard: a refused connection is not retried
     assert isinstance(err.value, ConnectionError) and err.value.endpoint == endpoint
     res = subprocess.run([sys.executable, "-m", "pyllama_so", "info", "--rpc", endpoint], capture_output=True,
                          text=True)
@@ -163,7 +163,7 @@ def test_a_listener_that_does_not_answer_is_a_timeout_not_a_hang() -> None:
         t0 = time.monotonic()
         with pytest.raises(RPCConnectionError, match="no HELLO reply within 0.3 s"):
             _llama.probe_rpc_server(endpoint, timeout=0.3)
-        assert time.monotonic() - t0 < 3
+        assert time.monotonic() - t0 < 30  # a hang guard: the probe gives up after its timeout
 
 
 @pytest.mark.parametrize("bad", ["localhost", "host:0", "host:65536", ":50052", "host:port", "a:b:1", "h:1,,h:2",
@@ -249,11 +249,14 @@ LOST_SERVER = textwrap.dedent("""
                 errors += 1
                 print(f"error: {e}", flush=True)
     else:  # decodes until one fails; the server is killed while they run
-        deadline = time.monotonic() + 60
+        deadline, decoding = time.monotonic() + 60, False
         while not errors and time.monotonic() < deadline:
             try:
                 llm.reset()
                 llm.eval(tokens)
+                if not decoding:
+                    print("decoding", flush=True)  # the test kills the server now: decodes go on meanwhile
+                    decoding = True
             except RPCConnectionError as e:
                 errors += 1
                 print(f"error: {e}", flush=True)
@@ -273,7 +276,7 @@ def test_a_server_that_goes_away_is_a_connection_error(tiny_model: Path, tmp_pat
         try:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
             if mode == "during":
-                time.sleep(0.5)  # decodes are running
+                assert proc.stdout.readline().strip() == "decoding"
             server.kill()
             out, err = proc.communicate("go\n", timeout=90)
         finally:

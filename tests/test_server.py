@@ -44,6 +44,9 @@ PROMPT = "The quick brown fox jumps over the lazy dog. 0123456789"
 CHATML = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
 GREEDY = SamplingParams(temperature=0.0)
+# the timeout of clients and waits: a guard against a hang, not a limit on speed (a request may queue behind
+# others on a machine busy with other work)
+HANG_GUARD_S = 300
 
 
 class Server(ServerProcess):
@@ -54,17 +57,18 @@ class Server(ServerProcess):
         super().__init__(["-t", "2", *args], env)
 
     def client(self, **kw: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key, max_retries=0, timeout=60, **kw)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key, max_retries=0, timeout=HANG_GUARD_S, **kw)
 
     def post(self, path: str, body: Any = None, *, content: bytes | None = None, key: str | None = None,
-             timeout: float = 60) -> httpx.Response:
+             timeout: float = HANG_GUARD_S) -> httpx.Response:
         headers = {"Authorization": f"Bearer {key or self.api_key}", "Content-Type": "application/json"}
         return httpx.post(f"{self.url}{path}", json=body if content is None else None, content=content,
                           headers=headers, timeout=timeout)
 
     def slots(self) -> dict[str, Any]:
         """The engine's snapshot (GET /engine: slots, queue, step counters, split overlap)."""
-        return httpx.get(f"{self.url}/engine", headers={"Authorization": f"Bearer {self.api_key}"}).json()
+        return httpx.get(f"{self.url}/engine", headers={"Authorization": f"Bearer {self.api_key}"},
+                         timeout=HANG_GUARD_S).json()
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +102,14 @@ def clear_slot_caches(server: Server, seed: int) -> None:
     assert r.status_code == 200, r.text
 
 
+def wait_until(condition: Any, what: Any, timeout: float = HANG_GUARD_S) -> None:
+    """Poll condition() until it is true; the deadline only guards against a hang (a busy machine is slow)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what() if callable(what) else what}"
+        time.sleep(0.02)
+
+
 # -- the shared flags --
 
 def test_model_flags_come_from_one_table(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,6 +133,21 @@ def test_model_flags_come_from_one_table(monkeypatch: pytest.MonkeyPatch) -> Non
         assert bench_parser().parse_args([]).__dict__[dest] == listed, text
     assert server_parser().parse_args(["-ub", "16"]).ubatch_size == 16  # the flag wins over the variable
     assert bench_parser().parse_args(["-m", "a.gguf", "-m", "b.gguf,c.gguf"]).model == ["a.gguf", "b.gguf", "c.gguf"]
+
+
+def test_tensor_split_takes_llama_servers_commas_and_slashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A llama-server command line runs unchanged: -ts 3,1 and 3/1 (and LLAMA_ARG_TENSOR_SPLIT=1,1) in the
+    server and the perplexity tool; the bench keeps llama-bench's commas, a list of alternatives."""
+    from pyllama_so.perplexity.__main__ import parser as perplexity_parser
+
+    monkeypatch.delenv("LLAMA_ARG_TENSOR_SPLIT", raising=False)
+    for tool in (server_parser, perplexity_parser):
+        for text in ("3,1", "3/1"):
+            assert tool().parse_args(["-ts", text]).tensor_split == (3.0, 1.0), (tool, text)
+    assert bench_parser().parse_args(["-ts", "3/1,1/1"]).tensor_split == [(3.0, 1.0), (1.0, 1.0)]
+    monkeypatch.setenv("LLAMA_ARG_TENSOR_SPLIT", "1,1")
+    assert server_parser().parse_args([]).tensor_split == (1.0, 1.0)
+    assert bench_parser().parse_args([]).tensor_split == [(1.0,), (1.0,)]
 
 
 @pytest.mark.parametrize("bad", [["-ub", "0"], ["-sm", "diagonal"], ["-so", "maybe"], ["--port", "70000"],
@@ -163,7 +190,7 @@ def test_without_the_server_extra_names_it(tmp_path: Path) -> None:
     # first on the path, ahead of any PYTHONPATH the package itself comes from (as on the GPU machines)
     path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
     res = subprocess.run([sys.executable, "-m", "pyllama_so.server", "-m", "missing.gguf"], capture_output=True,
-                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": path})
+                         text=True, timeout=HANG_GUARD_S, env={**os.environ, "PYTHONPATH": path})
     assert res.returncode == 1
     assert res.stderr.splitlines() == ['server: fastapi is not installed; the server needs the server extra: '
                                        'pip install "pyllama_so[server]"']
@@ -259,7 +286,7 @@ def test_echo_logprobs_score_the_prompt_as_llama_does(server: Server, llm: Llama
     (a leading BOS left out, the first null), then the generated tokens', as Llama's."""
     want = llm.create_completion(PROMPT, max_tokens=3, temperature=0.0, echo=True, logprobs=2)["choices"][0]
     body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 2, "stream": stream}
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=HANG_GUARD_S) as r:
         assert r.status_code == 200
         if stream:
             events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
@@ -279,7 +306,7 @@ def test_echo_logprobs_score_the_prompt_as_llama_does(server: Server, llm: Llama
     assert n_prompt > 3 and all(lp <= 0 for lp in lps["token_logprobs"][1:])
     # several prompts, n choices each: every choice starts with its own prompt's rows
     r = httpx.post(f"{server.url}/v1/completions", json={**body, "prompt": [PROMPT, "abc abc"], "n": 2, "stream": False},
-                   timeout=60)
+                   timeout=HANG_GUARD_S)
     assert r.status_code == 200, r.text
     rows = [c["logprobs"]["token_logprobs"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
     n_abc = len(llm.tokenize("abc abc")) - (llm.tokenize("abc abc")[0] == llm.token_bos())
@@ -288,7 +315,8 @@ def test_echo_logprobs_score_the_prompt_as_llama_does(server: Server, llm: Llama
     assert rows[0][n_prompt:] == pytest.approx(rows[1][n_prompt:], abs=1e-3)
     assert rows[0][1:] == pytest.approx(lps["token_logprobs"][1:], abs=1e-3) and len(rows[2]) == n_abc + 3
     # a log-likelihood request as evaluation harnesses send it: one token after the prompt's rows
-    r = httpx.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 1, "stream": False}, timeout=60)
+    r = httpx.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 1, "stream": False},
+                   timeout=HANG_GUARD_S)
     assert r.status_code == 200, r.text
     got = r.json()["choices"][0]["logprobs"]
     assert len(got["tokens"]) == n_prompt + 1
@@ -478,7 +506,7 @@ def test_prefill_chunk_sets_the_prompt_tokens_of_a_step_while_slots_generate(tin
     try:
         engine.submit(Job(a_prompt, lambda ev: None if isinstance(ev, Delta) else ended.release(), max_tokens=40,
                           sampling=GREEDY))
-        assert ended.acquire(timeout=60) and ended.acquire(timeout=60)
+        assert ended.acquire(timeout=HANG_GUARD_S) and ended.acquire(timeout=HANG_GUARD_S)
     finally:
         engine.stop()
         ctx.free()
@@ -600,9 +628,17 @@ def test_closed_loop_streams_keep_their_slots_in_one_run(tiny_model: Path) -> No
     assert sum(split) == 0
 
 
+def waits_for_work(engine: Engine) -> bool:
+    """The engine's thread is blocked in its condition's wait (for a job), seen from its current frame."""
+    frame = sys._current_frames().get(engine._thread.ident or -1)
+    return (frame is not None and frame.f_code.co_name == "wait" and frame.f_back is not None
+            and frame.f_back.f_code.co_filename == sys.modules[Engine.__module__].__file__)
+
+
 def test_idle_time_is_not_host_time(tiny_model: Path) -> None:
     """In the engine (no HTTP): a step after the engine waited for work counts its host time from the job's
-    arrival, not from the step before the wait (the devices waited for work, not for the host)."""
+    arrival, not from the step before the wait (the devices waited for work, not for the host): it is at
+    most the time from the job's creation to the step's start, however slow the machine."""
     model = _llama.Model.load(tiny_model, n_gpu_layers=0)
     ctx = _llama.Context(model, n_ctx=SLOT_CTX, n_batch=64, n_ubatch=16, n_seq_max=1, n_threads=2)
     steps: list[Step] = []
@@ -611,18 +647,19 @@ def test_idle_time_is_not_host_time(tiny_model: Path) -> None:
     engine.start()
     try:
         for seed in (21, 22):
+            wait_until(lambda: waits_for_work(engine), "the engine waiting for work")  # idle
             n_before = len(steps)
-            engine.submit(Job(unique_tokens(seed, 12), lambda ev: None if isinstance(ev, Delta) else ended.release(),
-                              max_tokens=4, sampling=GREEDY))
-            assert ended.acquire(timeout=60)
-            time.sleep(0.5)  # idle
+            job = Job(unique_tokens(seed, 12), lambda ev: None if isinstance(ev, Delta) else ended.release(),
+                      max_tokens=4, sampling=GREEDY)
+            engine.submit(job)
+            assert ended.acquire(timeout=HANG_GUARD_S)
         first_after_idle = steps[n_before]
     finally:
         engine.stop()
         ctx.free()
         model.free()
     assert first_after_idle.items[0][2] == "prefill"
-    assert first_after_idle.host_seconds < 0.25, first_after_idle
+    assert first_after_idle.host_seconds <= first_after_idle.t_start - job.submitted, first_after_idle
 
 
 def test_a_snapshot_shows_whole_steps(tiny_model: Path) -> None:
@@ -651,7 +688,7 @@ def test_a_snapshot_shows_whole_steps(tiny_model: Path) -> None:
     try:
         for seed in (9, 10):
             engine.submit(Job(unique_tokens(seed, 12), emit, max_tokens=24, sampling=GREEDY))
-        assert ended.acquire(timeout=60) and ended.acquire(timeout=60)
+        assert ended.acquire(timeout=HANG_GUARD_S) and ended.acquire(timeout=HANG_GUARD_S)
         final = engine.snapshot().as_dict()
     finally:
         engine.stop()
@@ -767,7 +804,7 @@ def test_n_choices_are_the_requests_with_the_next_seeds(server: Server) -> None:
     usage = None
     with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "n": 3, "stream": True,
                                                                     "stream_options": {"include_usage": True}},
-                      headers={"Authorization": "Bearer none"}, timeout=60) as resp:
+                      headers={"Authorization": "Bearer none"}, timeout=HANG_GUARD_S) as resp:
         for line in resp.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -868,7 +905,7 @@ def test_wrong_api_key_is_401(keyed: Server, key: str | None) -> None:
 def test_full_queue_is_503_and_a_disconnect_frees_the_slot(keyed: Server) -> None:
     """One slot: a long streamed generation holds it, a second request waits, a third is refused (503).
     Closing the stream frees the slot and the waiting request is answered."""
-    with httpx.Client(base_url=keyed.url, headers={"Authorization": "Bearer s3cret"}, timeout=60) as http:
+    with httpx.Client(base_url=keyed.url, headers={"Authorization": "Bearer s3cret"}, timeout=HANG_GUARD_S) as http:
         with http.stream("POST", "/v1/completions", json={"prompt": "Tell a long story", "max_tokens": None,
                                                           "temperature": 0, "stream": True}) as long:
             lines = long.iter_lines()
@@ -884,28 +921,42 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(keyed: Server) -> Non
                 assert refused.json()["error"] | {"message": ""} == {
                     "message": "", "type": "unavailable_error", "param": None, "code": "queue_full"}
                 long.close()  # the client leaves mid-stream
-                answered = waiting.result(timeout=60)
+                answered = waiting.result(timeout=HANG_GUARD_S)
     assert answered.status_code == 200 and answered.json()["usage"]["completion_tokens"] == 3
     slot = keyed.slots()["slots"][0]
     assert slot["state"] == "idle" and slot["totals"]["generated"] < 4000  # the long one did not run to its end
-    assert re.search(r"slot 0: cancelled after \d+ prompt tokens and \d+ generated", keyed.log), keyed.log
+    keyed.wait_for_log(r"slot 0: cancelled after \d+ prompt tokens and \d+ generated")
+
+
+def abandoned_post(server: Server, path: str, body: Any) -> socket.socket:
+    """A POST sent over a plain socket whose answer is never read: closing the socket is the client leaving."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)), timeout=HANG_GUARD_S)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {server.api_key}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    return sock
 
 
 def test_a_client_gone_from_a_non_streamed_request_cancels_it(keyed: Server) -> None:
-    """A non-streamed request whose client stops waiting (a 0.25 s timeout) while it generates is cancelled
-    within about a second, not generated to its end (here the end of the 4096-token slot, which an H200 reaches
-    in about a second), and the next request gets the slot at once."""
+    """A non-streamed request whose client leaves while it generates is cancelled, not generated to its end
+    (the end of the 4096-token slot), and the slot is free for the next request."""
+    def cancellations() -> list[str]:
+        return re.findall(r"slot 0: cancelled after .*", keyed.log)
+
+    before = len(cancellations())
     body = {"prompt": unique_tokens(8, 20), "max_tokens": None, "temperature": 0}
-    with pytest.raises(httpx.TimeoutException):
-        keyed.post("/v1/completions", body, timeout=0.25)
-    gone = time.monotonic()
-    while keyed.slots()["slots"][0]["state"] != "idle":
-        assert time.monotonic() - gone < 2.0, keyed.slots()
-        time.sleep(0.02)
-    assert re.search(r"slot 0: cancelled after 20 prompt tokens and \d+ generated", keyed.log), keyed.log
-    t0 = time.monotonic()
-    assert keyed.post("/v1/completions", {"prompt": "Hi", "max_tokens": 3}).status_code == 200
-    assert time.monotonic() - t0 < 5
+    client = abandoned_post(keyed, "/v1/completions", body)
+    try:
+        wait_until(lambda: (keyed.slots()["slots"][0]["generated"] or 0) >= 1, keyed.slots)  # admitted, generating
+    finally:
+        client.close()  # the client leaves
+    wait_until(lambda: keyed.slots()["slots"][0]["state"] == "idle", keyed.slots)
+    wait_until(lambda: len(cancellations()) > before, lambda: keyed.log)  # the log line comes through a pipe
+    assert re.fullmatch(r"slot 0: cancelled after 20 prompt tokens and \d+ generated", cancellations()[before])
+    assert keyed.slots()["queue"]["waiting"] == 0
+    answered = keyed.post("/v1/completions", {"prompt": "Hi", "max_tokens": 3})
+    assert answered.status_code == 200 and answered.json()["usage"]["completion_tokens"] == 3
 
 
 # -- tensor split with and without split overlap --

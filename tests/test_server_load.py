@@ -3,9 +3,6 @@ generating streams and long prompts) against our server with the tiny model, and
 llama-server when it was built (-DPYLLAMA_SO_UPSTREAM_SERVER=ON)."""
 from __future__ import annotations
 
-import functools
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from server_load import (  # scripts/server_load.py (tests/conftest.py puts scripts/ on the path)
+    Outcome, Prompts, find_llama_server, full_decode_rate, parse_args, percentile, request_body)
 
 from pyllama_so.server.settings import FINGERPRINT
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-SCRIPT = SCRIPTS / "server-load"
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "server-load"
 # 3 slots of 512 tokens: the mixed scenario's two streams and a long prompt
 SERVER_FLAGS = ["-c", "1536", "-np", "3", "-b", "256", "-ub", "64", "-t", "2"]
 LOAD_FIELDS = {"server", "scenario", "concurrency", "requests", "ok", "errors", "error_samples", "prompt_tokens",
@@ -30,19 +28,6 @@ MIXED_FIELDS = {"server", "scenario", "concurrency", "long_prompts", "prompt_tps
 
 def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
-
-
-@functools.cache
-def load_script() -> Any:
-    """The script as a module (it imports server_process from beside itself)."""
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    loader = importlib.machinery.SourceFileLoader("server_load", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("server_load", loader)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["server_load"] = mod  # its dataclasses look their module up
-    loader.exec_module(mod)
-    return mod
 
 
 def check_load_run(r: dict[str, Any], concurrency: int, requests: int, prompt: int, gen: int) -> None:
@@ -111,47 +96,43 @@ def test_a_mixed_scenario_the_slots_cannot_hold_fails_before_any_run(tiny_model:
 
 
 def test_prompts_differ_from_the_first_token_unless_a_prefix_is_shared() -> None:
-    mod = load_script()
-    p = mod.Prompts(512, 0, seed=3)
+    p = Prompts(512, 0, seed=3)
     prompts = [p.make(16) for _ in range(100)]
     assert all(len(x) == 16 and all(0 < t < 512 for t in x) for x in prompts)
     assert len({x[0] for x in prompts}) == 100
-    again = mod.Prompts(512, 0, seed=3)
+    again = Prompts(512, 0, seed=3)
     assert [again.make(16) for _ in range(100)] == prompts  # every server gets the same prompts
-    shared = mod.Prompts(512, 5, seed=3)
+    shared = Prompts(512, 5, seed=3)
     prompts = [shared.make(16) for _ in range(50)]
     assert len({tuple(x[:5]) for x in prompts}) == 1 and len({x[5] for x in prompts}) == 50
 
 
 def test_the_decode_rate_counts_only_times_when_every_stream_generates() -> None:
-    mod = load_script()
-
     def outcome(chunks: list[float], tokens: int) -> Any:
-        return mod.Outcome(sent=0.0, prompt_tokens=4, chunks=chunks, output_tokens=tokens)
+        return Outcome(sent=0.0, prompt_tokens=4, chunks=chunks, output_tokens=tokens)
 
     # two streams generate together from 2.5 s (the second's first text) to 5 s (the first's last)
     a, b = outcome([0, 1, 2, 3, 4, 5], 6), outcome([2.5, 3, 3.5, 4, 7], 5)
-    assert mod.full_decode_rate([a, b], 2) == {"full_decode_tps": 2.4, "full_decode_s": 2.5, "full_decode_chunks": 6}
+    assert full_decode_rate([a, b], 2) == {"full_decode_tps": 2.4, "full_decode_s": 2.5, "full_decode_chunks": 6}
     # pieces of two tokens each count twice
     a2, b2 = outcome(a.chunks, 12), outcome(b.chunks, 10)
-    assert mod.full_decode_rate([a2, b2], 2)["full_decode_tps"] == 4.8
+    assert full_decode_rate([a2, b2], 2)["full_decode_tps"] == 4.8
     # one stream at a time: each one's span, its first chunk excluded
-    assert mod.full_decode_rate([a], 1) == {"full_decode_tps": 1.0, "full_decode_s": 5.0, "full_decode_chunks": 5}
+    assert full_decode_rate([a], 1) == {"full_decode_tps": 1.0, "full_decode_s": 5.0, "full_decode_chunks": 5}
     # never three at once: no rate
-    assert mod.full_decode_rate([a, b], 3) == {"full_decode_tps": None, "full_decode_s": 0, "full_decode_chunks": 0}
+    assert full_decode_rate([a, b], 3) == {"full_decode_tps": None, "full_decode_s": 0, "full_decode_chunks": 0}
 
 
 def test_percentiles_and_the_request_body() -> None:
-    mod = load_script()
-    assert mod.percentile([], 50) is None
-    assert mod.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5 and mod.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 90) == 4.6
-    args = mod.parse_args(["-m", "x.gguf", "--seed", "7", "--field", "repeat_penalty=1.1", "--", "-np", "2"])
+    assert percentile([], 50) is None
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5 and percentile([1.0, 2.0, 3.0, 4.0, 5.0], 90) == 4.6
+    args = parse_args(["-m", "x.gguf", "--seed", "7", "--field", "repeat_penalty=1.1", "--", "-np", "2"])
     assert args.server_flags == ["-np", "2"]
-    body = mod.request_body(args, [5, 6], 9, 3)
+    body = request_body(args, [5, 6], 9, 3)
     assert body == {"prompt": [5, 6], "max_tokens": 9, "stream": True, "stream_options": {"include_usage": True},
                     "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "ignore_eos": True, "seed": 10,
                     "repeat_penalty": 1.1}
-    greedy = mod.request_body(mod.parse_args(["-m", "x.gguf", "--greedy", "--no-ignore-eos"]), [5], 1, 0)
+    greedy = request_body(parse_args(["-m", "x.gguf", "--greedy", "--no-ignore-eos"]), [5], 1, 0)
     assert greedy == {"prompt": [5], "max_tokens": 1, "stream": True, "stream_options": {"include_usage": True},
                       "temperature": 0.0}
 
@@ -172,7 +153,7 @@ def test_an_unreachable_url_is_exit_2(tmp_path: Path) -> None:
 
 def llama_server() -> Path | None:
     given = os.environ.get("PYLLAMA_SO_LLAMA_SERVER")
-    return Path(given) if given else load_script().find_llama_server()
+    return Path(given) if given else find_llama_server()
 
 
 def test_upstream_llama_server_side_by_side(tiny_model: Path, tmp_path: Path) -> None:

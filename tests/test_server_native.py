@@ -341,6 +341,17 @@ def test_slots_in_llama_servers_shape(server: Server) -> None:
     assert "steps_by_slots" in httpx.get(f"{server.url}/engine").json()  # our own view
 
 
+@pytest.mark.parametrize("path,body", [("/v1/completions", {"prompt": PROMPT}),
+                                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]})])
+def test_slots_show_the_params_of_openai_requests(server: Server, path: str, body: dict[str, Any]) -> None:
+    """/slots fills params for every route, as llama-server does, not only for /completion."""
+    out = server.post(path, {**body, "max_tokens": 3, "temperature": 0, "top_k": 7, "seed": 5}).json()
+    slot = next(s for s in httpx.get(f"{server.url}/slots").json() if s.get("id_task") == out["id"])
+    params = slot["params"]
+    assert (params["n_predict"], params["temperature"], params["top_k"], params["seed"]) == (3, 0, 7, 5)
+    assert params["stream"] is False and "stop" not in params
+
+
 def test_aliases(server: Server) -> None:
     body = {"prompt": PROMPT, "n_predict": 4, "temperature": 0}
     assert server.post("/completions", body).json()["content"] == server.post("/completion", body).json()["content"]

@@ -107,7 +107,7 @@ class Stream:
             time.sleep(0.01)
 
     def join(self) -> None:
-        self._thread.join(30)
+        self._thread.join(60)  # a hang guard
         assert not self._thread.is_alive()
 
     def chunks(self) -> list[dict[str, object]]:
@@ -119,7 +119,8 @@ class Stream:
 def test_a_signal_lets_a_stream_go_on_then_ends_it(tiny_model: Path, sig: signal.Signals) -> None:
     """A stream to the end of a 32k-token slot (which the tiny model's greedy text never ends early) when
     the signal comes: it goes on for the grace period, then gets a last chunk with finish_reason
-    "length", its usage and [DONE]. The server exits 0."""
+    "length", its usage and [DONE]. The server exits 0. (A busy machine only delays the end: no upper
+    bound on the time but the hang guard.)"""
     with ServerProcess(["-m", str(tiny_model), "-t", "2", "-np", "2", "-c", "65536",
                         "--shutdown-grace", str(GRACE)]) as server:
         endless = Stream(server.url, {"prompt": PROMPT, "max_tokens": None, "temperature": 0,
@@ -134,7 +135,7 @@ def test_a_signal_lets_a_stream_go_on_then_ends_it(tiny_model: Path, sig: signal
     assert last["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
     assert 0 < usage["usage"]["completion_tokens"] < 32768 - len(PROMPT)  # type: ignore[index]
     ended = endless.lines[-1][0] - signalled
-    assert GRACE - 0.3 < ended < GRACE + 2, ended
+    assert ended > GRACE - 0.3, ended  # not before the grace period is over
     assert any(t > signalled + GRACE / 2 for t, _ in endless.lines[:-3])  # it generated on
     assert "the grace period is over: ending 1 requests, failing 0 waiting" in server.log, server.log
 
@@ -154,14 +155,19 @@ def test_a_second_signal_ends_requests_at_once(tiny_model: Path) -> None:
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
             server.proc.send_signal(signal.SIGINT)
-            time.sleep(0.5)
+            server.wait_for_log(r"shutting down: 2 requests in progress or waiting get up to 30 s")
+            n_lines = len(endless.lines)
+            deadline = time.monotonic() + 60
+            while len(endless.lines) < n_lines + 3:  # the stream goes on after the first signal
+                assert time.monotonic() < deadline and endless.lines[-1][1] != "[DONE]", endless.lines[-3:]
+                time.sleep(0.01)
             assert server.proc.poll() is None and endless.lines[-1][1] != "[DONE]" and not waiting.done()
             second = time.monotonic()
             server.proc.send_signal(signal.SIGINT)
             refused = waiting.result(timeout=30)
             endless.join()
         assert server.proc.wait(30) == 0, server.log
-    assert endless.lines[-1][0] - second < 5
+    assert endless.lines[-1][0] - second < 15  # well within the 30 s grace: the second signal ended it
     assert endless.chunks()[-1]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "unavailable", refused.text
     assert "the grace period is over: ending 1 requests, failing 1 waiting" in server.log

@@ -104,7 +104,7 @@ def test_a_full_unified_cache_makes_requests_wait_not_fail(tiny_model: Path) -> 
         assert [r.status_code for r in answers] == [200, 200], [r.text for r in answers]
         assert [r.json()["usage"]["completion_tokens"] for r in answers] == [100, 100]
         assert [r.json()["choices"][0]["text"] for r in answers] == alone
-        assert "dropped the cached prompts of idle slots" in s.log
+        s.wait_for_log("dropped the cached prompts of idle slots")
 
 
 def test_a_generation_that_fills_the_unified_cache_ends_with_length(tiny_model: Path) -> None:
@@ -128,7 +128,7 @@ def test_a_generation_that_fills_the_unified_cache_ends_with_length(tiny_model: 
         assert a.json()["choices"][0]["finish_reason"] == "length"
         assert a.json()["usage"]["completion_tokens"] < 256 - 20
         assert n_bounded == 200
-        assert "the KV cache is full: ends at" in s.log
+        s.wait_for_log("the KV cache is full: ends at")
         r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 

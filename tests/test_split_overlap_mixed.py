@@ -239,7 +239,9 @@ def test_the_engine_takes_one_ubatch_a_lane_while_slots_generate_by_default() ->
 def test_a_mixed_step_does_not_wait_on_the_host_for_its_first_ubatch() -> None:
     """With lane 0 slow, a mixed step's llama_decode returns once both ubatches are issued: the prompt
     piece's ubatch is not held back on the host until the generated tokens' ubatch has run (as when both
-    took one lane: the scheduler synchronizes a lane before it copies a ubatch's inputs)."""
+    took one lane: the scheduler synchronizes a lane before it copies a ubatch's inputs). Measured against
+    the same step's lane 0, not a fixed time: the call returns with most of lane 0's delayed work still to
+    run (a host wait would leave only lane 1's quick ubatch for synchronize())."""
     delay_us = 150_000  # per subgraph on lane 0's devices: a host wait for one ubatch takes several of them
     devices = virtual_devices(2)
     model = testing.arch_model("llama", False, devices, "tensor")
@@ -247,7 +249,7 @@ def test_a_mixed_step_does_not_wait_on_the_host_for_its_first_ubatch() -> None:
     try:
         ctx.decode_batch([(0, _prompt(0, 20), True), (1, _prompt(1, 20), True)])
         assert testing.delay_lane(ctx, 0, delay_us) == 2
-        host_s, lanes = [], []
+        host_s, sync_s, lanes = [], [], []
         for k in range(3):
             items = [(0, [5 + k], False), (1, [6 + k], False), (2, _prompt(2, 300)[100 * k:100 * (k + 1)], False)]
             before = ctx.split_overlap_stats()["ubatches"]
@@ -255,11 +257,12 @@ def test_a_mixed_step_does_not_wait_on_the_host_for_its_first_ubatch() -> None:
             ctx.decode_batch(items)  # no output asked: nothing here waits for the devices
             host_s.append(time.perf_counter() - t0)
             ctx.synchronize()
+            sync_s.append(time.perf_counter() - t0 - host_s[-1])
             lanes.append([b - a for a, b in zip(before, ctx.split_overlap_stats()["ubatches"])])
     finally:
         ctx.free()
         model.free()
-    assert max(host_s) < delay_us / 1e6, (host_s, lanes)
+    assert all(h < s for h, s in zip(host_s, sync_s)), (host_s, sync_s, lanes)
     assert lanes == [[1, 1]] * 3
 
 

@@ -211,6 +211,16 @@ def test_cache_replaces_models_of_older_versions(tmp_path: Path, monkeypatch: py
         assert llm.model.meta("general.name") == "synthetic qwen3 tiny"
 
 
+def test_the_fixture_models_are_written_to_pytests_folders(tiny_model: Path, small_model: Path,
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The tests' models go to pytest's temporary folders: the user's model cache is left as it was."""
+    for path in (tiny_model, small_model):
+        assert tmp_path_factory.getbasetemp() in path.parents
+        assert synth.default_cache_dir() not in path.parents
+    with Llama(small_model, vocab_only=True) as llm:
+        assert llm.metadata["general.name"] == "synthetic qwen3 small"
+
+
 # ggml type id -> (name, elements per block, bytes per block), from ggml.h / ggml.c, independent of the
 # writer: the types llama.cpp may choose for q4_0 and q4_k_m
 _GGML_TYPES = {0: ("f32", 1, 4), 1: ("f16", 1, 2), 2: ("q4_0", 32, 18), 6: ("q5_0", 32, 22),

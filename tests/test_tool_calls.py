@@ -16,7 +16,7 @@ import httpx
 import jsonschema
 import pytest
 from pyllama_so import _llama
-from pyllama_so.tool_calls import ToolCallStream, parse_message, tool_chat, uses_tools
+from pyllama_so.tool_calls import ToolCallStream, ToolChoiceError, parse_message, tool_chat, uses_tools
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from server_process import ServerProcess  # noqa: E402
@@ -64,7 +64,9 @@ def test_the_chat_layer_finds_the_format_and_its_grammar(model: Any) -> None:
     assert any("<tool_call>" in p for p in tc.grammar["trigger_patterns"])
     assert "get_weather" in tc.grammar["grammar"]
     required = tool_chat(model, TEMPLATE.read_text(), [{"role": "user", "content": "Hi"}], [WEATHER], "required")
-    assert required.grammar is not None and not required.grammar["lazy"] and required.grammar["prefill"]
+    # "required": from the first token on, and its root is the call (the chat layer's own lets text come first)
+    assert required.grammar is not None and not required.grammar["lazy"] and not required.grammar["prefill"]
+    assert "\nroot ::= tool-calls\n" in required.grammar["grammar"] and required.warning is None
     # the tools' schemas reach the grammar: a second tool adds its own rule
     both = tool_chat(model, TEMPLATE.read_text(), [{"role": "user", "content": "Hi"}], [WEATHER, TIME])
     assert "get_time" in both.grammar["grammar"] and "get_time" not in tc.grammar["grammar"]
@@ -84,6 +86,30 @@ def test_a_bad_tool_choice_is_a_value_error(model: Any, choice: Any, message: st
     with pytest.raises(ValueError, match=message):
         tool_chat(model, TEMPLATE.read_text(), [{"role": "user", "content": "Hi"}], [WEATHER], choice)
     assert uses_tools([WEATHER], "auto") and not uses_tools([WEATHER], "none") and not uses_tools([], "auto")
+
+
+def test_a_required_call_comes_first_and_unwritable_tools_are_never_silent(model: Any, smollm2_model: Path) -> None:
+    """A named function's grammar starts with that function's call alone; a template that cannot write calls
+    (SmolLM2's own) refuses a required call and warns under "auto"; one that leaves the tools out of the prompt
+    warns naming them."""
+    named = tool_chat(model, TEMPLATE.read_text(), [{"role": "user", "content": "Hi"}], [WEATHER, TIME],
+                      {"type": "function", "function": {"name": "get_time"}}, template_name="the test template")
+    assert "\nroot ::= tool-calls\n" in named.grammar["grammar"] and "get_weather" not in named.grammar["grammar"]
+    own = _llama.Model.load(smollm2_model, n_gpu_layers=0)
+    try:
+        plain = tool_chat(own, "", [{"role": "user", "content": "Hi"}], [WEATHER], "auto", template_name="SmolLM2's")
+        assert plain.grammar is None and "get_weather" not in plain.prompt
+        assert plain.warning is not None and plain.warning.startswith("SmolLM2's cannot express tool calls")
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            with pytest.raises(ToolChoiceError, match="needs a tool call, and SmolLM2's cannot express one"):
+                tool_chat(own, "", [{"role": "user", "content": "Hi"}], [WEATHER], choice, template_name="SmolLM2's")
+    finally:
+        own.free()
+    silent = TEMPLATE.read_text().replace("{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}", "")
+    quiet = tool_chat(model, silent, [{"role": "user", "content": "Hi"}], [WEATHER], "required", template_name="T")
+    assert quiet.warning == ("T does not write these tools into the prompt: get_weather; the model knows them only "
+                             "through the grammar of a call")
+    assert "\nroot ::= tool-calls\n" in quiet.grammar["grammar"]
 
 
 def test_generated_text_parses_into_content_and_calls(model: Any) -> None:
@@ -151,7 +177,7 @@ def server(smollm2_model: Path) -> Any:
 
 def chat(server: Any, **body: Any) -> httpx.Response:
     return httpx.post(f"{server.url}/v1/chat/completions", json={"max_tokens": 48, "temperature": 0, **body},
-                      timeout=120)
+                      timeout=600)  # a hang guard: a busy CPU may take minutes
 
 
 @pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "get_weather"}}])
@@ -169,7 +195,7 @@ def test_the_server_answers_tools_with_a_tool_call(server: Any, choice: Any) -> 
 
 def test_the_stream_of_a_call_through_the_openai_client(server: Any) -> None:
     import openai
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=600)
     whole = client.chat.completions.create(model="m", messages=FEW_SHOT, tools=[WEATHER], max_tokens=48, temperature=0)
     assert whole.choices[0].message.tool_calls[0].function.name == "get_weather"
     chunks = [c for c in client.chat.completions.create(model="m", messages=FEW_SHOT, tools=[WEATHER], max_tokens=48,
@@ -259,3 +285,94 @@ def test_apply_template_with_tools_gives_the_chat_layers_prompt(server: Any, llm
     none = httpx.post(f"{server.url}/apply-template", json={"messages": FEW_SHOT, "tools": [WEATHER],
                                                             "tool_choice": "none"}, timeout=60)
     assert none.status_code == 200 and none.json()["prompt"] != want  # the Jinja2 rendering
+
+
+# SmolLM2-135M answers this in prose under "auto", and so it did under "required" while the grammar let text come
+# first (llama.cpp's, as llama-server at the pin has it)
+PARIS = [{"role": "user", "content": "What is the weather in Paris?"}]
+GET_TIME = {"type": "function", "function": {"name": "get_time"}}
+
+
+def test_llama_required_or_named_answers_with_a_call(llm: Any) -> None:
+    prose = llm.create_chat_completion(PARIS, tools=[WEATHER, TIME], temperature=0, max_tokens=16)["choices"][0]
+    assert "tool_calls" not in prose["message"] and prose["message"]["content"]
+    out = llm.create_chat_completion(PARIS, tools=[WEATHER, TIME], tool_choice="required", temperature=0,
+                                     max_tokens=48)["choices"][0]
+    assert out["finish_reason"] == "tool_calls" and out["message"]["content"] is None
+    (call,) = out["message"]["tool_calls"]
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"])
+    chunks = list(llm.create_chat_completion(PARIS, tools=[WEATHER, TIME], tool_choice="required", temperature=0,
+                                             max_tokens=48, stream=True))
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert not any(d.get("content") for d in deltas) and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert deltas[1]["tool_calls"][0]["function"]["name"] == call["function"]["name"]
+    named = llm.create_chat_completion(PARIS, tools=[WEATHER, TIME], tool_choice=GET_TIME, temperature=0,
+                                       max_tokens=24)["choices"][0]
+    assert named["message"]["content"] is None and named["message"]["tool_calls"]
+    assert {c["function"]["name"] for c in named["message"]["tool_calls"]} == {"get_time"}
+
+
+def test_llama_with_a_template_that_cannot_write_calls(smollm2_model: Path) -> None:
+    """SmolLM2's own template has no tool-call format: "auto" warns and answers in text, a required call is a
+    ValueError naming the template."""
+    from pyllama_so import Llama
+    with Llama(smollm2_model, n_ctx=512, n_threads=2, verbose=False) as own:
+        with pytest.warns(UserWarning, match=r"tokenizer\.chat_template\) cannot express tool calls"):
+            out = own.create_chat_completion(PARIS, tools=[WEATHER], temperature=0, max_tokens=4)["choices"][0]
+        assert out["message"]["content"] and "tool_calls" not in out["message"]
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            with pytest.raises(ValueError, match=r"needs a tool call, and the model's chat template .* cannot express"):
+                own.create_chat_completion(PARIS, tools=[WEATHER], tool_choice=choice, max_tokens=4)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_server_required_or_named_answers_with_a_call(server: Any, stream: bool) -> None:
+    for choice, name in (("required", "get_weather"), (GET_TIME, "get_time")):
+        r = chat(server, messages=PARIS, tools=[WEATHER, TIME], tool_choice=choice, parallel_tool_calls=False,
+                 stream=stream)
+        assert r.status_code == 200, r.text
+        if stream:
+            events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+            deltas = [e["choices"][0]["delta"] for e in events]
+            assert not any(d.get("content") for d in deltas), deltas
+            calls = [c for d in deltas for c in d.get("tool_calls", [])]
+            assert calls[0]["function"]["name"] == name and events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+            args = "".join(c["function"]["arguments"] for c in calls)
+        else:
+            out = r.json()["choices"][0]
+            assert out["finish_reason"] == "tool_calls" and out["message"]["content"] is None
+            (call,) = out["message"]["tool_calls"]
+            assert call["function"]["name"] == name
+            args = call["function"]["arguments"]
+        jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+
+
+def test_the_server_with_a_template_that_cannot_write_calls(smollm2_model: Path) -> None:
+    """SmolLM2's own template: a required call is a 400 on tool_choice; "auto" answers in text and logs why."""
+    with ServerProcess(["-m", str(smollm2_model), "-t", "2", "-c", "512", "-np", "1"]) as s:
+        for choice in ("required", GET_TIME):
+            r = chat(s, messages=PARIS, tools=[WEATHER, TIME], tool_choice=choice, max_tokens=4)
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == "tool_choice" and err["type"] == "invalid_request_error"
+            assert "needs a tool call, and the model's chat template" in err["message"]
+        r = chat(s, messages=PARIS, tools=[WEATHER], max_tokens=4)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
+        s.wait_for_log(r"the model's chat template \(tokenizer\.chat_template\) cannot express tool calls")
+
+
+def test_a_call_cut_by_max_tokens_finishes_with_length(llm: Any, server: Any) -> None:
+    """As llama-server: "tool_calls" only when the generation ended by itself; a call cut short stays "length"
+    (its start still parsed into tool_calls), in Llama and the server, streamed and not."""
+    ask = dict(tools=[WEATHER, TIME], tool_choice=GET_TIME, max_tokens=16)
+    whole = llm.create_chat_completion(PARIS, temperature=0, **ask)["choices"][0]
+    assert whole["message"]["tool_calls"][0]["function"]["name"] == "get_time" and whole["finish_reason"] == "length"
+    chunks = list(llm.create_chat_completion(PARIS, temperature=0, stream=True, **ask))
+    assert any("tool_calls" in c["choices"][0]["delta"] for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    out = chat(server, messages=PARIS, **ask).json()["choices"][0]
+    assert out["message"]["tool_calls"][0]["function"]["name"] == "get_time" and out["finish_reason"] == "length"
+    r = chat(server, messages=PARIS, stream=True, **ask)
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert any("tool_calls" in e["choices"][0]["delta"] for e in events)
+    assert events[-1]["choices"][0]["finish_reason"] == "length"

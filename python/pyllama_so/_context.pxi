@@ -97,8 +97,10 @@ cdef class Context:
         p.kv_unified = kv_unified
         p.no_perf = True
         _take_last_error()
+        cdef int log_threshold = _quiet_load_begin()
         with nogil:
             self.ptr = llama_init_from_model(model.ptr, p)
+        _quiet_load_end(log_threshold)
         if self.ptr == NULL:
             _check_rpc_servers(model.rpc_servers, "creating the context")
         _null_check(self.ptr, LlamaError, "failed to create the context")

@@ -53,12 +53,14 @@ cdef void _log_callback(ggml_log_level level, const char * text, void * user_dat
         fflush(stderr)
     _log_last_shown = show
 
+cdef int _LOG_NONE = 99  # above every level: nothing shown
 _LOG_LEVELS = {"debug": GGML_LOG_LEVEL_DEBUG, "info": GGML_LOG_LEVEL_INFO, "warn": GGML_LOG_LEVEL_WARN,
-               "error": GGML_LOG_LEVEL_ERROR, "none": 99}
+               "error": GGML_LOG_LEVEL_ERROR, "none": _LOG_NONE}
 
 
 # the level the user chose with set_log_level, or -1 for none: Llama's verbose= must not override it
 cdef int _log_explicit = -1
+cdef bint _quiet_loads = False  # Llama(verbose=False): model loads and context creation show no log line
 
 
 def set_log_level(level):
@@ -67,10 +69,11 @@ def set_log_level(level):
     A level set here stays until the next call: Llama(verbose=True) may only lower it to info.
     None forgets it (back to warn, and to what verbose= asks for).
     """
-    global _log_threshold, _log_explicit
+    global _log_threshold, _log_explicit, _quiet_loads
     if level is None:
         _log_explicit = -1
         _log_threshold = GGML_LOG_LEVEL_WARN
+        _quiet_loads = False
         return
     if not isinstance(level, str) or level not in _LOG_LEVELS:
         raise ValueError(f"unknown log level {level!r}; expected one of {sorted(_LOG_LEVELS)} or None")
@@ -78,11 +81,28 @@ def set_log_level(level):
 
 
 def set_verbose(bint verbose):
-    """Llama's verbose=: info lines and above when True, else the default (warn). A level set with
-    set_log_level is kept, except that verbose=True lowers it to info."""
-    global _log_threshold
-    cdef int base = _log_explicit if _log_explicit >= 0 else <int> GGML_LOG_LEVEL_WARN
+    """Llama's verbose=: info lines and above when True; when False error lines only, and none while a
+    model loads or a context is made (their errors go into the exception), as llama-cpp-python's
+    verbose=False. A level set with set_log_level is kept, except that verbose=True lowers it to info."""
+    global _log_threshold, _quiet_loads
+    cdef int base = _log_explicit if _log_explicit >= 0 else <int> GGML_LOG_LEVEL_ERROR
     _log_threshold = min(base, <int> GGML_LOG_LEVEL_INFO) if verbose else base
+    _quiet_loads = not verbose
+
+
+cdef int _quiet_load_begin() noexcept:
+    """Around a model load or context creation: no log line after Llama(verbose=False) (but with a level
+    set by set_log_level). Returns the threshold for _quiet_load_end."""
+    global _log_threshold
+    cdef int saved = _log_threshold
+    if _quiet_loads and _log_explicit < 0:
+        _log_threshold = _LOG_NONE
+    return saved
+
+
+cdef void _quiet_load_end(int saved) noexcept:
+    global _log_threshold
+    _log_threshold = saved
 
 
 cdef str _take_last_error():

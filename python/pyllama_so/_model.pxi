@@ -141,8 +141,10 @@ cdef class Model:
         cdef bytes bpath = str(path).encode()
         cdef const char * cpath = bpath
         _take_last_error()
+        cdef int log_threshold = _quiet_load_begin()
         with nogil:
             self.ptr = llama_model_load_from_file(cpath, p)
+        _quiet_load_end(log_threshold)
         _null_check(self.ptr, ModelLoadError, f"failed to load model from {path}")
         self.vocab = llama_model_get_vocab(self.ptr)
         self.path = str(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -113,15 +114,15 @@ def boolean(text: str) -> bool:
     return BOOL[key]
 
 
-def _proportions(text: str, sep: str, check: Callable[[list[float], int], list[float]], what: str,
-                 example: str) -> tuple[float, ...]:
-    """Proportions per device separated by sep, checked by the bindings' rule (as Llama checks them). The
-    number of entries is checked only against llama.cpp's maximum here: against the devices there are
-    when the tool makes its config.ModelParams (model_params), which knows about --rpc."""
+def _proportions(text: str, check: Callable[[list[float], int], list[float]], what: str) -> tuple[float, ...]:
+    """Proportions per device, as llama.cpp's -ts writes lists (3,1 or 3/1: runs of ',' and '/' separate),
+    checked by the bindings' rule (as Llama checks them). The number of entries is checked only against
+    llama.cpp's maximum here: against the devices there are when the tool makes its config.ModelParams
+    (model_params), which knows about --rpc."""
     try:
-        values = [float(v) for v in text.split(sep)]
+        values = [float(v) for v in re.split(r"[,/]+", text)]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad {what} {text!r}; expected e.g. {example}") from None
+        raise argparse.ArgumentTypeError(f"bad {what} {text!r}; expected e.g. 3,1 or 3/1") from None
     try:
         return tuple(check(values, _llama.max_devices()))
     except ValueError as e:
@@ -129,14 +130,14 @@ def _proportions(text: str, sep: str, check: Callable[[list[float], int], list[f
 
 
 def tensor_split(text: str) -> tuple[float, ...]:
-    """-ts: proportions per device separated by '/', e.g. 1/1 or 3/1."""
-    return _proportions(text, "/", _llama.check_tensor_split, "tensor split", "1/1")
+    """-ts: proportions per device, e.g. 1,1 or 3/1 (the bench splits its alternatives at ',' first)."""
+    return _proportions(text, _llama.check_tensor_split, "tensor split")
 
 
 def attn_split(text: str) -> tuple[float, ...]:
-    """--attn-split / -as: the attention heads' proportions per device, as llama.cpp writes lists: 1/3 or
-    1,3 (a 0 entry gives that device no attention)."""
-    return _proportions(text, "/" if "/" in text else ",", _llama.check_attn_split, "attention split", "1/3 or 1,3")
+    """--attn-split / -as: the attention heads' proportions per device, written as -ts: 1/3 or 1,3 (a 0
+    entry gives that device no attention)."""
+    return _proportions(text, _llama.check_attn_split, "attention split")
 
 
 ATTN_SPLIT_NONE = ("-", "none")  # an alternative of the bench's -as that follows -ts
@@ -223,8 +224,8 @@ MODEL_FLAGS: tuple[Flag, ...] = (
     Flag(("-sm", "--split-mode"), "SPLIT_MODE", split_mode, "none, layer, row or tensor", "layer", "MODE"),
     Flag(("-mg", "--main-gpu"), "MAIN_GPU", non_negative_int, "the GPU of -sm none and of row split's small tensors",
          "0", "I"),
-    Flag(("-ts", "--tensor-split"), "TENSOR_SPLIT", tensor_split, "proportions per device, e.g. 1/1 or 3/1",
-         metavar="SPLIT"),
+    Flag(("-ts", "--tensor-split"), "TENSOR_SPLIT", tensor_split, "proportions per device, e.g. 3/1 (or 3,1 as llama-server)",
+         metavar="SPLIT", alternatives_help="comma list of alternatives (each 3/1): each runs"),
     Flag(("-as", "--attn-split"), "ATTN_SPLIT", attn_split,
          "attention heads and KV cache per device, -sm tensor only: 1/3 or 1,3 (default: follow -ts)",
          metavar="SPLIT", alternatives=attn_split_alternatives,

@@ -42,8 +42,9 @@ class Llama:
 
     n_ctx: llama.cpp rounds the context up to a multiple of 256 tokens (0: the model's training context); a
     request that changes is warned about (UserWarning), and n_ctx() is what the context holds.
-    verbose: show llama.cpp's log from the info level on (default: warnings and errors). A level set with
-    pyllama_so.set_log_level() before is kept: verbose=True only lowers it to info.
+    verbose: show llama.cpp's log from the info level on. False (the default) shows its error lines only, and none
+    while the model loads or the context is made, as llama-cpp-python: a failed load's exception carries them. A
+    level set with pyllama_so.set_log_level() before is kept: verbose=True only lowers it to info.
     split_overlap (split_mode="tensor" only, else a ValueError): consecutive ubatches alternate between two lanes,
     each with its own scheduler, streams, AllReduce context and compute buffers, so one ubatch's AllReduces run
     while the next computes; n_ubatch (each lane's ubatch) defaults to half of n_batch. The logits are bitwise the

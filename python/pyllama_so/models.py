@@ -204,13 +204,15 @@ def fetch(name: str, *, quiet: bool = False) -> Path:
     return path
 
 
-def dequantized(name: str) -> Path:
-    """The model (fetched if needed) with every tensor dequantized to F32, written once to the cache beside it."""
+def dequantized(name: str, directory: Path | None = None) -> Path:
+    """The model (fetched if needed) with every tensor dequantized to F32, written once to directory (default:
+    the cache, beside the model)."""
     from pyllama_so._llama import quantize_model
 
     src = fetch(name, quiet=True)
-    dest = src.with_name(f"{Path(model(name).filename).stem}.f32.gguf")
+    dest = (directory or src.parent) / f"{Path(model(name).filename).stem}.f32.gguf"
     if not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
         part = dest.with_name(f"{dest.name}.{os.getpid()}.part")
         try:
             quantize_model(src, part, "f32", allow_requantize=True)

@@ -4,10 +4,17 @@ model's own format, gives the grammar that keeps a call well formed (lazy under 
 applies from the format's trigger, e.g. "<tool_call>", on), and parses the generated text into content and
 tool calls, whole or as a stream of OpenAI deltas.
 
+Beyond llama-server: tool_choice "required" or a named function gets a grammar that starts with the call (the
+chat layer's own call rules as its root: no text may come first), so the answer is a call; a template in which
+the chat layer finds no way to write a call cannot express tools, which is a ToolChoiceError when a call is
+required and a warning (ToolChat.warning) otherwise, never a silent drop.
+
 A chat without tools, or with tool_choice "none", is rendered by the chat template as before (Jinja2)."""
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,7 +22,8 @@ from typing import Any
 
 from pyllama_so import _llama
 
-__all__ = ["ToolChat", "ToolCallStream", "tool_chat", "uses_tools", "parse_message"]
+__all__ = ["ToolChat", "ToolCallStream", "ToolChoiceError", "finish_reason", "tool_chat", "uses_tools",
+           "parse_message"]
 
 
 def uses_tools(tools: Sequence[Any] | None, tool_choice: Any) -> bool:
@@ -23,16 +31,23 @@ def uses_tools(tools: Sequence[Any] | None, tool_choice: Any) -> bool:
     return bool(tools) and tool_choice != "none"
 
 
+class ToolChoiceError(ValueError):
+    """A tool_choice that cannot be met: not one OpenAI defines, a function not among the tools, or a call
+    required of a template that cannot express tools (the server's 400 with param "tool_choice")."""
+
+
 @dataclass(frozen=True)
 class ToolChat:
     """A chat with tools, ready to generate: its prompt, the grammar for the Sampler (None for none), the stop
-    strings the format adds, and the parser of its output (for parse_message and ToolCallStream)."""
+    strings the format adds, the parser of its output (for parse_message and ToolCallStream), and what the
+    caller should warn of (the template cannot express the tools, or does not describe them), or None."""
 
     prompt: str
     format: str
     grammar: dict[str, Any] | None
     stops: tuple[str, ...]
     parser: dict[str, Any]
+    warning: str | None = None
 
 
 def _choice(tool_choice: Any, tools: Sequence[Mapping[str, Any]]) -> tuple[str, list[Mapping[str, Any]]]:
@@ -42,22 +57,25 @@ def _choice(tool_choice: Any, tools: Sequence[Mapping[str, Any]]) -> tuple[str, 
         return "auto", list(tools)
     if isinstance(tool_choice, str):
         if tool_choice not in ("auto", "required", "none"):
-            raise ValueError(f'tool_choice must be "auto", "required", "none" or a function, got {tool_choice!r}')
+            raise ToolChoiceError(f'tool_choice must be "auto", "required", "none" or a function, got {tool_choice!r}')
         return tool_choice, list(tools)
     name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, Mapping) else None
     if not isinstance(name, str):
-        raise ValueError('tool_choice must be "auto", "required", "none" or {"type": "function", "function": {"name": ...}}')
+        raise ToolChoiceError('tool_choice must be "auto", "required", "none" or {"type": "function", "function": '
+                              '{"name": ...}}')
     chosen = [t for t in tools if isinstance(t, Mapping) and t.get("function", {}).get("name") == name]
     if not chosen:
-        raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+        raise ToolChoiceError(f"tool_choice names {name!r}, which is not among the tools")
     return "required", chosen
 
 
 def tool_chat(model: _llama.Model, template: str, messages: Sequence[Mapping[str, Any]],
               tools: Sequence[Mapping[str, Any]], tool_choice: Any = None, *, parallel_tool_calls: bool | None = None,
-              add_generation_prompt: bool = True, template_kwargs: Mapping[str, Any] | None = None) -> ToolChat:
+              add_generation_prompt: bool = True, template_kwargs: Mapping[str, Any] | None = None,
+              template_name: str = "the chat template") -> ToolChat:
     """The prompt, grammar and parser of messages with tools, by llama.cpp's chat layer; template: the Jinja
-    text of the chat template ("" for the model's own). ValueError when it refuses them."""
+    text of the chat template ("" for the model's own), template_name: what messages call it. ToolChoiceError
+    when tool_choice cannot be met; ValueError when the chat layer refuses the request."""
     choice, offered = _choice(tool_choice, tools)
     request: dict[str, Any] = {"messages": list(messages), "tools": offered, "tool_choice": choice,
                                "add_generation_prompt": add_generation_prompt}
@@ -66,11 +84,86 @@ def tool_chat(model: _llama.Model, template: str, messages: Sequence[Mapping[str
     if template_kwargs:
         request["chat_template_kwargs"] = dict(template_kwargs)
     out = _llama.chat_tools_apply(model, request, template)
+    calls = call_rules(out["parser"]["parser"])
+    if not calls and choice == "required":
+        raise ToolChoiceError(f"tool_choice {json.dumps(tool_choice, default=str)} needs a tool call, and "
+                              f"{template_name} cannot express one: llama.cpp's chat layer finds no tool-call format "
+                              "in it (give a chat template that writes tool calls)")
     grammar = None
     if out["grammar"]:
         grammar = {"grammar": out["grammar"], "lazy": out["grammar_lazy"], "trigger_patterns": out["trigger_patterns"],
                    "trigger_tokens": out["trigger_tokens"], "prefill": out["grammar_prefill"]}
-    return ToolChat(out["prompt"], out["format"], grammar, tuple(out["additional_stops"]), out["parser"])
+        if choice == "required":
+            grammar = _call_first(grammar, calls)
+    return ToolChat(out["prompt"], out["format"], grammar, tuple(out["additional_stops"]), out["parser"],
+                    _warning(template_name, offered, out["prompt"], bool(calls)))
+
+
+def _warning(template_name: str, tools: Sequence[Mapping[str, Any]], prompt: str, writes_calls: bool) -> str | None:
+    """What the caller should warn of: a template with no tool-call format (no call can come back), or one that
+    leaves tools out of the prompt (the test llama.cpp's template caps make: a tool's name in the rendering)."""
+    if not writes_calls:
+        return (f"{template_name} cannot express tool calls (llama.cpp's chat layer finds no tool-call format in it): "
+                "the tools are ignored and the answer is text")
+    names = [str(t.get("function", {}).get("name")) for t in tools if isinstance(t, Mapping)]
+    missing = [n for n in names if n not in prompt]
+    if missing:
+        return (f"{template_name} does not write these tools into the prompt: {', '.join(missing)}; the model "
+                "knows them only through the grammar of a call")
+    return None
+
+
+def call_rules(parser: str) -> list[str]:
+    """The rules of a tool call in a chat layer's parser (its saved PEG arena, JSON): the trigger rules (those a
+    lazy grammar waits for) met first on the way from its root, sorted; [] for a format without calls."""
+    if not parser:
+        return []
+    arena = json.loads(parser)
+    nodes, rules = arena["parsers"], arena["rules"]
+    found: set[str] = set()
+    seen: set[int] = set()
+    todo = [arena["root"]]
+    while todo:
+        i = todo.pop()
+        if i in seen or not 0 <= i < len(nodes):  # the root of an empty arena is an invalid id
+            continue
+        seen.add(i)
+        node = nodes[i]
+        if node["type"] == "rule" and node["trigger"]:
+            found.add(node["name"])
+        elif node["type"] == "ref":
+            todo.append(rules[node["name"]])
+        else:
+            todo.extend(node.get("children", ()))
+            if "child" in node:
+                todo.append(node["child"])
+    return sorted(found)
+
+
+_RULE_START = re.compile(r"^([a-zA-Z0-9-]+) ::= ", re.MULTILINE)
+_INVALID_RULE_CHARS = re.compile(r"[^a-zA-Z0-9-]+")
+
+
+def _call_first(grammar: dict[str, Any], calls: Sequence[str]) -> dict[str, Any]:
+    """The chat layer's grammar of a required call (which lets text come before the call) with its root replaced
+    by the call rules: applied from the first token, no prefill. Unchanged when a rule is not in its text."""
+    text = grammar["grammar"]
+    calls = [_INVALID_RULE_CHARS.sub("-", c) for c in calls]  # as the grammar builder names a rule
+    starts = sorted((m.start(), m.group(1)) for m in _RULE_START.finditer(text))
+    defined = {name for _, name in starts}
+    if "root" not in defined or not all(c in defined for c in calls):
+        return grammar
+    at = next(i for i, (_, name) in enumerate(starts) if name == "root")
+    begin = starts[at][0]
+    end = starts[at + 1][0] if at + 1 < len(starts) else len(text)
+    rooted = text[:begin] + f"root ::= {' | '.join(calls)}\n" + text[end:]
+    return {"grammar": rooted, "lazy": False, "trigger_patterns": [], "trigger_tokens": [], "prefill": []}
+
+
+def finish_reason(called: bool, finish: str) -> str:
+    """A generation's finish reason in a chat with tools, as llama-server gives it: "tool_calls" when the message
+    called a tool and the generation ended by itself; a call cut by max_tokens stays "length"."""
+    return "tool_calls" if called and finish == "stop" else finish
 
 
 def _call_id() -> str:

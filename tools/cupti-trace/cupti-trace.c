@@ -7,7 +7,7 @@
 // Columns: kind,device,stream,start_ns,end_ns,bytes,name. kind is kernel, memcpy, memset or api; for
 // api rows, device holds the host thread id's low 32 bits and stream -1. CUPTI's record structs are
 // versioned: the build passes the newest typedefs of the installed headers as CT_KERNEL_T, CT_MEMCPY_T,
-// CT_MEMSET_T (see scripts/gpu-check).
+// CT_MEMSET_T (see scripts/gpu_check/traces.py).
 
 // the activity and callback headers alone: cupti.h also pulls in every API parameter struct, which
 // needs CUDA headers of the same release as CUPTI

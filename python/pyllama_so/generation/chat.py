@@ -3,12 +3,13 @@ grammar and parser), then create_completion, its result in OpenAI's chat shapes 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pyllama_so.generation import responses
 from pyllama_so.grammar import ToolCallGrammar
-from pyllama_so.tool_calls import ToolCallStream, parse_message, tool_chat, uses_tools
+from pyllama_so.tool_calls import ToolCallStream, finish_reason, parse_message, tool_chat, uses_tools
 
 if TYPE_CHECKING:
     from pyllama_so.llama import Llama
@@ -68,13 +69,16 @@ def chat_with_tools(llm: Llama, template: Any, messages: Sequence[Mapping[str, A
                     extra: dict[str, Any]) -> dict[str, Any] | Iterator[dict[str, Any]]:
     """create_chat_completion with tools, as llama-server's --jinja: llama.cpp's chat layer renders the
     messages and tools in the model's format, its grammar keeps a call well formed, and the text is parsed
-    into the message's content and tool_calls (finish_reason "tool_calls")."""
+    into the message's content and tool_calls (finish_reason "tool_calls"). A template that cannot express the
+    tools is a UserWarning, or with a call required a ValueError (tool_calls.ToolChoiceError)."""
     text = getattr(template, "text", None)
     if text is None:
         raise ValueError(f"tools need a Jinja chat template; {template.name} (a llama.cpp built-in) cannot "
                          "render them (give chat_template= a Jinja text)")
     tc = tool_chat(llm.model, text, [dict(m) for m in messages], tools, tool_choice,
-                   template_kwargs=template_kwargs)
+                   template_kwargs=template_kwargs, template_name=template.name)
+    if tc.warning:
+        warnings.warn(tc.warning, UserWarning, stacklevel=4)
     # the chat layer takes the template's BOS off where the vocabulary adds one: the tokenizer adds it
     tokens = llm.tokenize(tc.prompt, add_bos=True, special=True)
     stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -88,6 +92,5 @@ def chat_with_tools(llm: Llama, template: Any, messages: Sequence[Mapping[str, A
     out = responses.chat_response(out, name)  # type: ignore[arg-type]
     choice = out["choices"][0]
     choice["message"] = parse_message(tc.parser, choice["message"]["content"])
-    if "tool_calls" in choice["message"]:
-        choice["finish_reason"] = "tool_calls"
+    choice["finish_reason"] = finish_reason("tool_calls" in choice["message"], choice["finish_reason"])
     return out

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyllama_so.tool_calls import finish_reason
+
 
 @dataclass(frozen=True)
 class CompletionShape:
@@ -127,7 +129,7 @@ def chat_chunks(chunks: Iterator[Mapping[str, Any]], model: str) -> Iterator[dic
 def tool_call_chunks(chunks: Iterator[dict[str, Any]], parse: Any) -> Iterator[dict[str, Any]]:
     """chat_chunks of a chat with tools, their content deltas parsed as they come (parse: a
     pyllama_so.tool_calls.ToolCallStream): content and tool_calls deltas of what became certain, the finish
-    reason "tool_calls" when the message called a tool."""
+    reason "tool_calls" when the message called a tool (tool_calls.finish_reason)."""
     for chunk in chunks:
         choice = chunk["choices"][0]
         if "content" in choice["delta"]:
@@ -138,7 +140,7 @@ def tool_call_chunks(chunks: Iterator[dict[str, Any]], parse: Any) -> Iterator[d
             rest = parse.finish("")
             if rest is not None:
                 yield {**chunk, "choices": [{**choice, "delta": rest, "finish_reason": None}]}
-            finish = "tool_calls" if parse.called else choice["finish_reason"]
+            finish = finish_reason(parse.called, choice["finish_reason"])
             yield {**chunk, "choices": [{**choice, "finish_reason": finish}]}
         else:
             yield chunk

@@ -19,7 +19,7 @@ class LlamaState:
     seed. rng_state is the Llama's random generator, so that sampling goes on exactly as after the save."""
 
     def __init__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single], n_tokens: int,
-                 llama_state: bytes, llama_state_size: int, seed: int | None,
+                 llama_state: bytes, llama_state_size: int, seed: int,
                  rng_state: dict[str, Any] | None = None) -> None:
         self.input_ids = input_ids
         self.scores = scores
@@ -30,19 +30,27 @@ class LlamaState:
         self.rng_state = rng_state
 
 
+def seed_in_use(seed: int | None) -> int:
+    """The seed of a Llama's generator: the one given, or for None or -1 (random, as llama.cpp's
+    LLAMA_DEFAULT_SEED) one drawn now, so that save_state() can say which seed a run used."""
+    if seed is None or seed == -1:
+        return int(np.random.default_rng().integers(0, 2**32 - 1))
+    return int(seed)
+
+
 class CallSeeds:
     """The seeds of a Llama's calls: a call's own, else the next from a generator started from the Llama's seed
     (Llama(seed=...), set_seed), so that a seeded Llama's calls repeat."""
 
     def __init__(self, seed: int | None) -> None:
-        self.seed = seed
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed_in_use(seed)
+        self.rng = np.random.default_rng(self.seed)
 
     def restart(self, seed: int) -> None:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed must be an int, got {seed!r}")
-        self.seed = int(seed)
-        self.rng = np.random.default_rng(None if seed == -1 else int(seed))
+        self.seed = seed_in_use(int(seed))
+        self.rng = np.random.default_rng(self.seed)
 
     def for_call(self, seed: int | None) -> int:
         """A call's seed: the one given, else the next from the generator."""

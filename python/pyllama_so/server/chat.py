@@ -8,6 +8,7 @@ with_tools: the prompt of a chat request, for /v1/chat/completions and /apply-te
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
@@ -16,7 +17,9 @@ from pyllama_so import _llama
 from pyllama_so.chat_template import ChatTemplate, from_spec, jinja_for_model, model_template
 from pyllama_so.server.errors import ApiError
 from pyllama_so.server.schemas import ChatTemplateRequest, GenerationRequest
-from pyllama_so.tool_calls import ToolChat, tool_chat
+from pyllama_so.tool_calls import ToolChat, ToolChoiceError, tool_chat
+
+log = logging.getLogger("pyllama_so.server")
 
 __all__ = ["ChatTemplate", "render", "resolve", "with_tools"]
 
@@ -57,11 +60,15 @@ async def with_tools(model: _llama.Model, chat: ChatTemplate, body: ChatTemplate
     def prepare() -> ToolChat:
         tc = tool_chat(model, template, [m.variables() for m in body.messages], body.tools or [], body.tool_choice,
                        parallel_tool_calls=body.parallel_tool_calls, add_generation_prompt=body.add_generation_prompt,
-                       template_kwargs=body.chat_template_kwargs)
+                       template_kwargs=body.chat_template_kwargs, template_name=chat.name)
+        if tc.warning:
+            log.warning("%s", tc.warning)
         if generates and tc.grammar is not None:
             _llama.check_grammar(model, tc.grammar)  # before it is queued: the engine builds it with the slot's chain
         return tc
     try:
         return await run_in_threadpool(prepare)
+    except ToolChoiceError as e:
+        raise ApiError(400, str(e), param="tool_choice") from None
     except ValueError as e:
         raise ApiError(400, str(e), param="tools") from None

@@ -22,7 +22,7 @@ from pyllama_so.generation.logprobs import TokenLogprob
 from pyllama_so.server.engine import Delta, Done, Engine, EngineStopped, Event, Failed, Job, PromptError, QueueFull
 from pyllama_so.server.errors import CONTEXT_EXCEEDED, ApiError
 from pyllama_so.server.schemas import GenerationRequest
-from pyllama_so.server.settings import ServerDefaults
+from pyllama_so.server.settings import ServerDefaults, generation_settings
 
 DISCONNECT_POLL_S = 0.25
 
@@ -156,7 +156,9 @@ def make_job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: C
     (or a logit_bias id outside the vocabulary) is a 400 naming the field. grammar: request_grammar's;
     defaults: the server's, for the fields the request leaves out; logit_bias: instead of the request's
     own (a native request's, resolved to token ids); choice: the index of one of the request's n choices, whose
-    seed, where one is given, is the request's plus choice; job: more Job fields (id_slot, cache_prompt, settings)."""
+    seed, where one is given, is the request's plus choice; job: more Job fields (id_slot, cache_prompt, ...).
+    The Job's settings are llama-server's generation settings of the request, whatever its route (/slots
+    shows them)."""
     try:
         sampling = body.sampling(defaults.sampling(), logit_bias)
         if choice and sampling.seed is not None and sampling.seed != -1:
@@ -168,8 +170,12 @@ def make_job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: C
         param = next((f for f in type(body).model_fields if message.startswith(f)), None)
         raise ApiError(400, message, param=param) from None
     stops = body.stops() + [s for s in extra_stops if s not in body.stops()]  # the chat template's turn end
+    ignore_eos = ignore_eos_of(body, defaults)
+    settings = generation_settings(sampling, n_predict=-1 if max_tokens is None else max_tokens, stop=stops,
+                                   stream=body.stream, n_probs=n_logprobs or 0, ignore_eos=ignore_eos,
+                                   grammar=grammar, backend_sampling=engine.backend_sampling)
     return Job(prompt, emit, max_tokens=max_tokens, sampling=sampling, seed=sampling.seed, stop=stops,
-               grammar=grammar, logprobs=n_logprobs, ignore_eos=ignore_eos_of(body, defaults), id=job_id, **job)
+               grammar=grammar, logprobs=n_logprobs, ignore_eos=ignore_eos, id=job_id, settings=settings, **job)
 
 
 def ignore_eos_of(body: GenerationRequest, defaults: ServerDefaults) -> bool:

@@ -63,9 +63,12 @@ class ServerSettings:
 
 
 def generation_settings(sampling: SamplingParams, *, n_predict: int, stop: Sequence[str] = (), stream: bool = False,
-                        n_probs: int = 0, ignore_eos: bool = False, grammar: str | None = None,
+                        n_probs: int = 0, ignore_eos: bool = False, grammar: str | Mapping[str, Any] | None = None,
                         backend_sampling: bool = False) -> dict[str, Any]:
-    """The settings object, in llama-server's order of fields."""
+    """The settings object, in llama-server's order of fields; grammar: GBNF text, or a tool call's grammar
+    (tool_calls.py: its text under "grammar")."""
+    if isinstance(grammar, Mapping):
+        grammar = grammar.get("grammar")
     seed = LLAMA_DEFAULT_SEED if sampling.seed is None or sampling.seed == -1 else sampling.seed
     samplers = [*SAMPLERS[:2], "mirostat"] if sampling.mirostat_mode else list(SAMPLERS)  # mirostat replaces the rest
     return {

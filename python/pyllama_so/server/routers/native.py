@@ -37,7 +37,7 @@ from pyllama_so.server.native_schemas import (DetokenizeRequest, InfillRequest, 
 from pyllama_so.server.prompts import checked_ids, mixed_tokens, nonempty
 from pyllama_so.server.routers.state import ChatDep, EngineDep, SettingsDep
 from pyllama_so.server.schemas import ChatTemplateRequest
-from pyllama_so.server.settings import ServerSettings, generation_settings
+from pyllama_so.server.settings import ServerSettings
 from pyllama_so.tool_calls import uses_tools
 
 PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template"})
@@ -125,16 +125,10 @@ async def complete(body: NativeCompletionRequest, request: Request, prompts: lis
         raise ApiError(400, "several completions need a slot each: leave id_slot out", param="id_slot")
 
     def make(prompt: list[int], choice: int) -> Any:
-        def job_of(emit: Any) -> Any:
-            job = make_job(engine, body, prompt, emit, None if n_predict == -1 else n_predict, cid, grammar,
-                           defaults=defaults, logit_bias=logit_bias, choice=choice,
-                           id_slot=None if body.id_slot == -1 else body.id_slot, cache_prompt=body.cache_prompt)
-            job.settings = generation_settings(job.sampling, n_predict=n_predict, stop=job.stop,
-                                               stream=body.stream, n_probs=job.logprobs or 0,
-                                               ignore_eos=job.ignore_eos, grammar=grammar,
-                                               backend_sampling=engine.backend_sampling)
-            return job
-        return job_of
+        return lambda emit: make_job(engine, body, prompt, emit, None if n_predict == -1 else n_predict, cid,
+                                     grammar, defaults=defaults, logit_bias=logit_bias, choice=choice,
+                                     id_slot=None if body.id_slot == -1 else body.id_slot,
+                                     cache_prompt=body.cache_prompt)
 
     runs = start_runs(engine, [make(p, c) for p in prompts for c in range(n_choices)], "prompt")
     prompt_texts = [model.detokenize_bytes(p, unparse_special=True).decode("utf-8", "replace") for p in prompts]

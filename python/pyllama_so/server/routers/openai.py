@@ -30,7 +30,7 @@ from pyllama_so.server.prompts import checked_ids
 from pyllama_so.server.routers.state import ChatDep, EngineDep, SettingsDep
 from pyllama_so.server.schemas import ChatRequest, CompletionRequest, GenerationRequest
 from pyllama_so.server.settings import FINGERPRINT, ServerDefaults
-from pyllama_so.tool_calls import ToolCallStream, parse_message, uses_tools
+from pyllama_so.tool_calls import ToolCallStream, finish_reason, parse_message, uses_tools
 
 router = APIRouter()
 
@@ -102,7 +102,7 @@ def stream_choices(runs: Sequence[Run], body: GenerationRequest, stream_grace: f
                         d = last(event.text)
                     else:
                         d = await run_in_threadpool(tools[i].finish, event.text) or {}
-                        finish = "tool_calls" if tools[i].called else finish
+                        finish = finish_reason(tools[i].called, finish)
                     yield _sse(chunk(d, finish, lps=want and logprobs(event.logprobs), index=i,
                                      timings=event.timings.as_dict()))
                 else:
@@ -204,7 +204,7 @@ async def chat_completions(body: ChatRequest, request: Request, engine: EngineDe
                 else await run_in_threadpool(parse_message, tc.parser, content) for content, _ in results]
     choices = [{"index": i, "message": message,
                 "logprobs": chat_logprobs(run.logprobs) if run.job.logprobs is not None else None,
-                "finish_reason": "tool_calls" if "tool_calls" in message else done.finish_reason}
+                "finish_reason": finish_reason("tool_calls" in message, done.finish_reason)}
                for i, (run, message, (_, done)) in enumerate(zip(started, messages, results))]
     dones = [done for _, done in results]
     return {"id": cid, "object": "chat.completion", "created": created, "model": model_id,
