@@ -22,8 +22,8 @@ from typing import Any
 
 from pyllama_so import _llama
 
-__all__ = ["ToolChat", "ToolCallStream", "ToolChoiceError", "finish_reason", "tool_chat", "uses_tools",
-           "parse_message"]
+__all__ = ["ToolCallStream", "ToolChat", "ToolChoiceError", "finish_reason", "parse_message", "tool_chat",
+           "uses_tools"]
 
 
 def uses_tools(tools: Sequence[Any] | None, tool_choice: Any) -> bool:
