@@ -47,6 +47,36 @@ cdef class Model:
     cdef int32_t[::1] _tokens(self, tokens)
 
 
+cdef class _StepPlan:
+    # a step's tokens, checked (_step.pxi): flat per token in the order of the items, and per item
+    cdef list items  # (seq_id, tokens, wants an output, sampler, n_logprobs, go_on) each
+    cdef list samplers  # of the items with an output, in order ...
+    cdef list tops  # ... and their logprob counts
+    cdef int32_t n_tokens, n_out
+    cdef int32_t[::1] tok, pos, seq, item, out  # per token: id, position, sequence, item, asks for an output
+    cdef int32_t[::1] first  # per item: the index of its first token
+    cdef int32_t[::1] follow  # per item: the output row of the running step whose token it takes, or -1
+    cdef int32_t[::1] go  # per item: may go into the batch
+    cdef int32_t[::1] went  # per item: went into the batch (Context._fill_batch)
+
+    @staticmethod
+    cdef _StepPlan sequence(int32_t[::1] toks, llama_pos pos0, llama_seq_id seq_id, int32_t out_from)
+    cdef void take_sampled(self, const llama_token * sampled, const llama_vocab * vocab) noexcept nogil
+
+
+cdef class _RunningStep:
+    # the step decode_batch_sample_begin() left running, until decode_batch_sample_end() (_step.pxi)
+    cdef list items  # as _StepPlan.items
+    cdef list at  # the batch positions of the outputs of its last llama_decode call, which still runs
+    cdef int32_t first  # the output row of the first of them
+    cdef list samplers  # per output row: its sampler ...
+    cdef list tops  # ... logprobs count ...
+    cdef list out  # ... and (token, logprob, top) once sampled
+
+    cdef check_samplers(self)
+    cdef dict rows_of(self)
+
+
 cdef class Context:
     cdef llama_context * ptr
     cdef readonly Model model
@@ -58,16 +88,13 @@ cdef class Context:
     cdef public int sampling_threads  # threads that sample a step's output rows (decode_batch_sample)
     cdef _RowPool * row_pool  # those threads but the caller's, started when first needed
     cdef readonly bint embeddings  # decodes output embeddings (set_embeddings)
-    cdef object begun  # the step decode_batch_sample_begin left running, until decode_batch_sample_end
+    cdef _RunningStep running  # the step decode_batch_sample_begin left running, until decode_batch_sample_end
 
-    cdef void _fill_batch(self, const int32_t[::1] toks, int32_t start, int32_t n, llama_pos pos0,
-                          int32_t seq_id, bint all_logits, int32_t last)
+    cdef int32_t _fill_batch(self, _StepPlan plan, int32_t start, int32_t end) noexcept nogil
     cdef void _release(self) noexcept
     cdef void _check_open(self) except *
     cdef llama_token _rand_token(self, int32_t n_vocab) noexcept nogil
     cdef int _decode_one(self, llama_token token, llama_pos pos, llama_seq_id seq_id) noexcept nogil
-    cdef _sample_outputs(self, const int32_t[::1] rows, int32_t start, int32_t n, list samplers, list tops,
-                         list out, int32_t n_vocab)
 
 
 cdef struct _Prefilter:

@@ -527,11 +527,10 @@ cdef class _StepRows:
                                                 &self.top_vals[self.top_off[i]], self.top_k[i], self.lse[i])
 
 
-cdef tuple _step_rows(const int32_t[::1] rows, int32_t start, int32_t n, list samplers, list tops, int32_t n_vocab):
-    """The output rows of a llama_decode's batch positions [0, n) (rows[start + i]: the output of position i,
-    negative for none): (the positions with an output, their _StepRows)."""
-    at = [i for i in range(n) if rows[start + i] >= 0]
-    return at, _StepRows([(samplers[rows[start + i]], i, tops[rows[start + i]]) for i in at], n_vocab)
+cdef _StepRows _step_rows(list at, int32_t first, list samplers, list tops, int32_t n_vocab):
+    """The outputs of a llama_decode call at batch positions at, output rows first on (samplers and tops: per
+    output row of the step), as _StepRows."""
+    return _StepRows([(samplers[first + k], pos, tops[first + k]) for k, pos in enumerate(at)], n_vocab)
 
 
 cdef int _check_sampled(int err) except -1:
