@@ -39,8 +39,10 @@ cdef class Model:
     cdef llama_model_params _params(int n_gpu_layers, object split_mode, int main_gpu, float * split_buf,
                                     object tensor_split, bint use_mmap, float * attn_buf=*,
                                     object attn_split=*, object n_devices=*) except *
+
     @staticmethod
     cdef Model _load(path, llama_model_params p)
+
     @staticmethod
     cdef Model _adopt(llama_model * ptr, path)
     cdef void _check_open(self) except *

@@ -312,7 +312,8 @@ cdef class Context:
             raise ValueError("the sampler was made for another vocabulary")
         cdef llama_pos pos = llama_memory_seq_pos_max(llama_get_memory(self.ptr), seq_id) + 1
         if pos + 1 > llama_n_ctx_seq(self.ptr):
-            raise ContextFullError(f"{pos} cached + 1 new token exceed the context of {llama_n_ctx_seq(self.ptr)} tokens")
+            raise ContextFullError(f"{pos} cached + 1 new token exceed the context of {llama_n_ctx_seq(self.ptr)} "
+                                   f"tokens")
         cdef int rc
         cdef llama_token out = LLAMA_TOKEN_NULL
         with nogil:

@@ -201,7 +201,8 @@ cdef class Sampler:
             return
         if params.mirostat_mode == 1:
             self._add(llama_sampler_init_temp(temp))
-            self._add(llama_sampler_init_mirostat(self.n_vocab, self.seed, params.mirostat_tau, params.mirostat_eta, 100))
+            self._add(llama_sampler_init_mirostat(self.n_vocab, self.seed, params.mirostat_tau, params.mirostat_eta,
+                                                  100))
             return
         if params.mirostat_mode == 2:
             self._add(llama_sampler_init_temp(temp))
@@ -484,10 +485,22 @@ cdef class _StepRows:
                 self.n_cpu += 1
 
     def __dealloc__(self):
-        free(self.at); free(self.graph_chain); free(self.top_n); free(self.top_off); free(self.top_k)
-        free(self.top_ids); free(self.top_vals); free(self.lse); free(self.tok_logit); free(self.tok)
-        free(self.cpu_row); free(self.cpu_chains); free(self.cpu_grammars); free(self.cpu_curs)
-        free(self.cpu_prefilter); free(self.srcs)
+        free(self.at)
+        free(self.graph_chain)
+        free(self.top_n)
+        free(self.top_off)
+        free(self.top_k)
+        free(self.top_ids)
+        free(self.top_vals)
+        free(self.lse)
+        free(self.tok_logit)
+        free(self.tok)
+        free(self.cpu_row)
+        free(self.cpu_chains)
+        free(self.cpu_grammars)
+        free(self.cpu_curs)
+        free(self.cpu_prefilter)
+        free(self.srcs)
         free(self.picked)
 
     cdef int sample(self, llama_context * ctx, _RowPool * pool, int n_threads) noexcept nogil:

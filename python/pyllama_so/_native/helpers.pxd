@@ -23,9 +23,9 @@ cdef extern from "row-pool.h":
 
 cdef extern from "top-candidates.h" nogil:
     # the Sampler's prefilter: a row's k largest (biased) logits, or 0 where the chain needs the whole row
-    int32_t _top_candidates "pyllama_so_top_candidates"(const float * logits, int32_t n, int32_t k,
-                                                          const int32_t * bias_ids, const float * bias_vals,
-                                                          int32_t n_bias, llama_token_data * out) noexcept
+    int32_t _top_candidates "pyllama_so_top_candidates"(
+        const float * logits, int32_t n, int32_t k, const int32_t * bias_ids, const float * bias_vals, int32_t n_bias,
+        llama_token_data * out) noexcept
 
 
 cdef extern from "sample-rows.h" nogil:
