@@ -50,16 +50,24 @@ cdef class Model:
 
 
 cdef class _StepPlan:
-    # a step's tokens, checked (_step.pxi): flat per token in the order of the items, and per item
+    # a step's tokens, checked (_step.pxi)
     cdef list items  # (seq_id, tokens, wants an output, sampler, n_logprobs, go_on) each
     cdef list samplers  # of the items with an output, in order ...
     cdef list tops  # ... and their logprob counts
-    cdef int32_t n_tokens, n_out
-    cdef int32_t[::1] tok, pos, seq, item, out  # per token: id, position, sequence, item, asks for an output
-    cdef int32_t[::1] first  # per item: the index of its first token
-    cdef int32_t[::1] follow  # per item: the output row of the running step whose token it takes, or -1
-    cdef int32_t[::1] go  # per item: may go into the batch
-    cdef int32_t[::1] went  # per item: went into the batch (Context._fill_batch)
+    cdef object tokens  # owns tok
+    cdef llama_token * tok  # the items' tokens, flat, in order
+    cdef int32_t n_items, n_tokens, n_out
+    # per item: where its tokens start in tok and how many, its sequence and the position of its first token,
+    # the index of its first token with an output (length: none), the output row of the running step whose
+    # token it takes (-1: none), whether it may go into the batch, and whether it went in (Context._fill_batch)
+    cdef int32_t * first  # owns the other seven
+    cdef int32_t * length
+    cdef int32_t * seq
+    cdef int32_t * pos0
+    cdef int32_t * out_from
+    cdef int32_t * follow
+    cdef int32_t * go
+    cdef int32_t * went
 
     @staticmethod
     cdef _StepPlan sequence(int32_t[::1] toks, llama_pos pos0, llama_seq_id seq_id, int32_t out_from)

@@ -15,25 +15,24 @@ def max_parallel_sequences():
 cdef class Context:
     """A llama_context on a Model, with one reusable batch. Free with free() (idempotent)."""
 
-    @cython.boundscheck(False)  # per token of every decode: the plan's indices are in range by construction
-    @cython.wraparound(False)
-    @cython.initializedcheck(False)
     cdef int32_t _fill_batch(self, _StepPlan plan, int32_t start, int32_t end) noexcept nogil:
-        """The batch fill of every decode path: tokens [start, end) of plan into the batch, with an output where
-        plan asks for one, except those of an item that may not go in (_StepPlan.take_sampled). Marks the items
-        that went in; returns the batch's token count."""
-        cdef int32_t t, j, nb = 0
-        for t in range(start, end):
-            j = plan.item[t]
-            if not plan.go[j]:
+        """The batch fill of every decode path: tokens [start, end) of plan (flat, in the order of its items) into
+        the batch, with an output where plan asks for one, except those of an item that may not go in
+        (_StepPlan.take_sampled). Marks the items that went in; returns the batch's token count."""
+        cdef int32_t j, t, lo, hi, nb = 0
+        for j in range(plan.n_items):
+            lo = max(start, plan.first[j])
+            hi = min(end, plan.first[j] + plan.length[j])
+            if lo >= hi or not plan.go[j]:
                 continue
-            self.batch.token[nb] = plan.tok[t]
-            self.batch.pos[nb] = plan.pos[t]
-            self.batch.n_seq_id[nb] = 1
-            self.batch.seq_id[nb][0] = plan.seq[t]
-            self.batch.logits[nb] = plan.out[t]
+            for t in range(lo, hi):
+                self.batch.token[nb] = plan.tok[t]
+                self.batch.pos[nb] = plan.pos0[j] + t - plan.first[j]
+                self.batch.n_seq_id[nb] = 1
+                self.batch.seq_id[nb][0] = plan.seq[j]
+                self.batch.logits[nb] = t - plan.first[j] >= plan.out_from[j]
+                nb += 1
             plan.went[j] = 1
-            nb += 1
         self.batch.n_tokens = nb
         return nb
 

@@ -17,29 +17,28 @@ cdef enum:
 
 
 cdef class _StepPlan:
-    """A step's tokens, checked. Built by _plan_step or _StepPlan.sequence; only Context._fill_batch (which marks
-    the items that went in) and take_sampled (a chained step) change it."""
+    """A step's tokens, checked: the items' tokens flat, in order, and per item where its tokens start, how many,
+    its sequence and first position, and from which of its tokens on it asks for outputs. Built by _plan_step or
+    _StepPlan.sequence; only Context._fill_batch (which marks the items that went in) and take_sampled (a chained
+    step) change it."""
+
+    def __dealloc__(self):
+        free(self.first)
 
     @staticmethod
     cdef _StepPlan sequence(int32_t[::1] toks, llama_pos pos0, llama_seq_id seq_id, int32_t out_from):
         """One sequence's tokens at positions pos0 on, with an output at every token from index out_from on."""
-        cdef int32_t n = toks.shape[0]
-        out = np.zeros(n, dtype=np.int32)
-        out[out_from:] = 1
-        return _new_plan([(seq_id, None, True, None, None, True)], toks, np.arange(pos0, pos0 + n, dtype=np.int32),
-                         np.full(n, seq_id, dtype=np.int32), np.zeros(n, dtype=np.int32), out,
-                         np.zeros(1, dtype=np.int32), np.full(1, -1, dtype=np.int32))
+        return _new_plan([(seq_id, None, True, None, None, True)], toks, [toks.shape[0]], [pos0], [out_from])
 
-    @cython.boundscheck(False)  # follow's rows and first's indices are in range by construction (_plan_step)
+    @cython.boundscheck(False)  # follow's rows are in range by construction (_plan_step)
     @cython.wraparound(False)
-    @cython.initializedcheck(False)
     cdef void take_sampled(self, const llama_token * sampled, const llama_vocab * vocab) noexcept nogil:
         """A chained step's tokens from the step that ends (sampled: its tokens by output row): each item that
         follows a row takes its token, or stays out of the batch when it may not go on (go_on false) or the token
         ends the generation."""
         cdef int32_t j
         cdef llama_token tok
-        for j in range(self.follow.shape[0]):
+        for j in range(self.n_items):
             if self.follow[j] < 0:
                 continue
             tok = sampled[self.follow[j]]
@@ -49,17 +48,36 @@ cdef class _StepPlan:
                 self.tok[self.first[j]] = tok
 
 
-cdef _StepPlan _new_plan(list items, tok, pos, seq, item, out, first, follow, go=None):
+cdef _StepPlan _new_plan(list items, tokens, list lengths, list pos0, list out_from, list follow=None,
+                         list go=None):
+    """A _StepPlan over tokens (int32, contiguous; kept alive by the plan) with the per-item values given;
+    follow: -1 for every item, go: 1 for every item when None."""
     cdef _StepPlan plan = _StepPlan.__new__(_StepPlan)
-    plan.items = items
+    cdef int32_t[::1] tok = tokens
+    cdef int32_t j, n = len(items), at = 0, n_out = 0
+    plan.items, plan.tokens = items, tokens
     plan.samplers = [e[3] for e in items if e[2]]
     plan.tops = [e[4] for e in items if e[2]]
-    plan.tok, plan.pos, plan.seq, plan.item, plan.out = tok, pos, seq, item, out
-    plan.n_tokens = plan.tok.shape[0]
-    plan.n_out = int(np.count_nonzero(out))
-    plan.first, plan.follow = first, follow
-    plan.go = np.ones(len(items), dtype=np.int32) if go is None else go
-    plan.went = np.zeros(len(items), dtype=np.int32)
+    plan.tok = &tok[0] if tok.shape[0] > 0 else NULL
+    plan.n_items, plan.n_tokens = n, tok.shape[0]
+    plan.first = <int32_t *> calloc(max(n, 1) * 8, sizeof(int32_t))  # one block for the eight per-item arrays
+    if plan.first == NULL:
+        raise MemoryError()
+    plan.length = plan.first + n
+    plan.pos0 = plan.first + 2 * n
+    plan.seq = plan.first + 3 * n
+    plan.out_from = plan.first + 4 * n
+    plan.follow = plan.first + 5 * n
+    plan.go = plan.first + 6 * n
+    plan.went = plan.first + 7 * n
+    for j in range(n):
+        plan.first[j], plan.length[j], plan.pos0[j], plan.seq[j] = at, lengths[j], pos0[j], int(items[j][0])
+        plan.out_from[j] = out_from[j]
+        plan.follow[j] = -1 if follow is None else follow[j]
+        plan.go[j] = 1 if go is None else go[j]
+        n_out += max(0, plan.length[j] - plan.out_from[j])
+        at += plan.length[j]
+    plan.n_out = n_out
     return plan
 
 
@@ -88,26 +106,20 @@ cdef _StepPlan _plan_step(Context ctx, list items, dict follow=None):
             raise ValueError("every sequence needs at least one token")
     if not items and follow is None:
         raise ValueError("every sequence needs at least one token")
-    lengths = np.array([1 if a is None else a.shape[0] for a in arrays], dtype=np.int64)
-    n_tokens = int(lengths.sum())
-    if follow is not None and n_tokens > ctx.batch_cap:
-        raise ValueError(f"the next step has up to {n_tokens} tokens: more than n_batch ({ctx.batch_cap})")
-    pos0 = np.array([llama_memory_seq_pos_max(mem, s) + 1 for s in ids], dtype=np.int64)
+    lengths = [1 if a is None else a.shape[0] for a in arrays]
+    if follow is not None and sum(lengths) > ctx.batch_cap:
+        raise ValueError(f"the next step has up to {sum(lengths)} tokens: more than n_batch ({ctx.batch_cap})")
+    pos0 = [llama_memory_seq_pos_max(mem, s) + 1 for s in ids]
     for s, held, new in zip(ids, pos0, lengths):
         if held + new > n_ctx_seq:
             raise ContextFullError(f"sequence {s}: {held} cached + {new} new tokens exceed its context of "
                                    f"{n_ctx_seq} tokens")
-    # flat per-token arrays, in the order of the items; a token to follow is written by take_sampled
-    first = np.cumsum(lengths) - lengths
-    tok = [np.full(1, LLAMA_TOKEN_NULL, dtype=np.int32) if a is None else a for a in arrays]
-    out = np.zeros(n_tokens, dtype=np.int32)
-    out[(first + lengths - 1)[np.array([bool(e[2]) for e in items], dtype=bool)]] = 1
-    return _new_plan(items, np.concatenate(tok).astype(np.int32) if tok else np.zeros(0, dtype=np.int32),
-                     (np.arange(n_tokens) - np.repeat(first, lengths) + np.repeat(pos0, lengths)).astype(np.int32),
-                     np.repeat(np.array(ids, dtype=np.int32), lengths),
-                     np.repeat(np.arange(len(items), dtype=np.int32), lengths), out, first.astype(np.int32),
-                     np.array([follow[s] if a is None else -1 for s, a in zip(ids, arrays)], dtype=np.int32),
-                     np.array([bool(e[5]) or a is not None for e, a in zip(items, arrays)], dtype=np.int32))
+    # a token to follow has a slot, which take_sampled fills
+    tokens = np.concatenate([np.full(1, LLAMA_TOKEN_NULL, dtype=np.int32) if a is None else a for a in arrays]) \
+        if items else np.zeros(0, dtype=np.int32)
+    return _new_plan(items, tokens, lengths, pos0, [n - 1 if e[2] else n for e, n in zip(items, lengths)],
+                     [follow[s] if a is None else -1 for s, a in zip(ids, arrays)],
+                     [bool(e[5]) or a is not None for e, a in zip(items, arrays)])
 
 
 cdef class _RunningStep:
@@ -273,8 +285,12 @@ cdef tuple _chain_step(Context ctx, _RunningStep step, _StepPlan plan):
 cdef list _begin_chained(Context ctx, _StepPlan plan, int32_t nb):
     """A chained step whose llama_decode (nb tokens) was called, as ctx.running. Returns its items as
     decode_batch_sample_begin() would have got them (a generating sequence with the token it was given)."""
-    started = [(e[0], [int(plan.tok[plan.first[j]])] if plan.follow[j] >= 0 else e[1], e[3], e[4])
-               for j, e in enumerate(plan.items) if plan.went[j]]
+    cdef int32_t j
+    started = []
+    for j in range(plan.n_items):
+        if plan.went[j]:
+            e = plan.items[j]
+            started.append((e[0], [plan.tok[plan.first[j]]] if plan.follow[j] >= 0 else e[1], e[3], e[4]))
     at = _outputs_at(ctx, nb)
     ctx.running = _RunningStep(_sample_items(started), at, 0, [e[2] for e in started if e[2] is not None],
                                [e[3] for e in started if e[2] is not None], [None] * len(at))
