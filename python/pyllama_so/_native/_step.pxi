@@ -30,8 +30,6 @@ cdef class _StepPlan:
         """One sequence's tokens at positions pos0 on, with an output at every token from index out_from on."""
         return _new_plan([(seq_id, None, True, None, None, True)], toks, [toks.shape[0]], [pos0], [out_from])
 
-    @cython.boundscheck(False)  # follow's rows are in range by construction (_plan_step)
-    @cython.wraparound(False)
     cdef void take_sampled(self, const llama_token * sampled, const llama_vocab * vocab) noexcept nogil:
         """A chained step's tokens from the step that ends (sampled: its tokens by output row): each item that
         follows a row takes its token, or stays out of the batch when it may not go on (go_on false) or the token
