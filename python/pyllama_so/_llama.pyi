@@ -1,5 +1,5 @@
-# Types of the Cython bindings (_llama.pyx and its .pxi files), for editors and mypy. The docstrings are in
-# the .pxi files; pyllama_so.Llama is the user-facing API.
+# Types of the Cython bindings (_native/_llama.pyx and its .pxi files), for editors and mypy. The docstrings
+# are in the .pxi files; pyllama_so.Llama is the user-facing API.
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 

@@ -306,7 +306,7 @@ def arch_logits(Context ctx, tokens, bint encode=False):
         n = toks.shape[0]
         if n > ctx.batch_cap:
             raise ValueError(f"{n} tokens do not fit one batch of {ctx.batch_cap}")
-        ctx._fill_batch(toks, 0, n, 0, 0, True, n - 1)
+        ctx._fill_batch(_StepPlan.sequence(toks, 0, 0, 0), 0, n)
         with nogil:
             rc = llama_encode(ctx.ptr, ctx.batch)
         _check_decode(rc, "encode", "llama_encode")

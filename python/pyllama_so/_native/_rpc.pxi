@@ -11,19 +11,6 @@ from libcpp.vector cimport vector
 import socket
 import struct
 
-cdef extern from "ggml-rpc.h" nogil:
-    enum:
-        RPC_PROTO_MAJOR_VERSION
-        RPC_PROTO_MINOR_VERSION
-
-cdef extern from "ggml-backend.h" nogil:
-    ctypedef struct ggml_backend_buffer_type:
-        pass
-    ctypedef ggml_backend_buffer_type * ggml_backend_buffer_type_t
-    ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index)
-    ggml_backend_buffer_type_t ggml_backend_dev_buffer_type(ggml_backend_dev_t device)
-    ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type()
-
 # by name from the RPC registry: upstream's, and ours from patches/0008-*
 ctypedef ggml_backend_reg_t (*_rpc_add_server_t)(const char * endpoint) noexcept nogil
 ctypedef int (*_rpc_connection_state_t)(const char * endpoint) noexcept nogil

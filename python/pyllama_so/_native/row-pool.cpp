@@ -1,7 +1,4 @@
-// Worker threads that sample a step's output rows (pyllama_so_sample_rows), kept for the life of a Context:
-// a step used to start and join its threads, about 20-30 us a thread, on the path from one step's logits
-// to the next step's launch, while the devices wait.
-#pragma once
+#include "row-pool.h"
 
 #include <condition_variable>
 #include <cstdint>
@@ -50,12 +47,11 @@ static void pyllama_so_row_pool_worker(pyllama_so_row_pool * pool, int w, uint64
     pool->done.notify_all();
 }
 
-static pyllama_so_row_pool * pyllama_so_row_pool_new() {
+pyllama_so_row_pool * pyllama_so_row_pool_new() {
     return new pyllama_so_row_pool();
 }
 
-// Stops and frees the pool; in a forked child (whose copy has no threads) the copy is left as it is.
-static void pyllama_so_row_pool_free(pyllama_so_row_pool * pool) {
+void pyllama_so_row_pool_free(pyllama_so_row_pool * pool) {
     if (pool == nullptr || pool->pid != getpid()) {
         return;
     }
@@ -68,9 +64,7 @@ static void pyllama_so_row_pool_free(pyllama_so_row_pool * pool) {
     delete pool;
 }
 
-// Runs fn(arg, part) for part in [0, n_parts): part 0 on the calling thread, the others on the pool's workers
-// (started when first needed), and returns when all have ended. One caller at a time.
-static void pyllama_so_row_pool_run(pyllama_so_row_pool * pool, int n_parts, void (*fn)(void *, int), void * arg) {
+void pyllama_so_row_pool_run(pyllama_so_row_pool * pool, int n_parts, void (*fn)(void *, int), void * arg) {
     if (n_parts <= 1 || pool == nullptr || pool->pid != getpid()) {
         for (int part = 0; part < n_parts; part++) {
             fn(arg, part);

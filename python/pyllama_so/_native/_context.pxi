@@ -1,5 +1,5 @@
-# The context: decoding batches into one or several sequences, and the bench loops. Included by
-# _llama.pyx.
+# The context: its settings and memory, decoding into one sequence or several (the step code itself, shared
+# by every decode path, is in _step.pxi), logprobs, and the bench loops. Included by _llama.pyx.
 
 cdef inline int64_t _now_ns() noexcept nogil:
     cdef timespec ts
@@ -12,46 +12,29 @@ def max_parallel_sequences():
     return llama_max_parallel_sequences()
 
 
-cdef tuple _sample_items(items):
-    """decode_batch_sample's items as _decode_items takes them: (seq_id, tokens, wants output) triples, and
-    the samplers and logprob counts of the items with an output, checked."""
-    triples = [(s, t, smp is not None) for s, t, smp, _ in items]
-    samplers = [smp for _, _, smp, _ in items if smp is not None]
-    tops = [n for _, _, smp, n in items if smp is not None]
-    for smp in samplers:
-        (<Sampler?> smp)._check_open()
-    for n in tops:
-        if n is not None:
-            check_logprobs(n, "n_logprobs")
-    return triples, samplers, tops
-
-
-cdef list _per_item(items, list sampled):
-    """The sampled outputs spread back over the items: None for an item without a sampler."""
-    out, k = [], 0
-    for _, _, smp, _ in items:
-        out.append(None if smp is None else sampled[k])
-        k += smp is not None
-    return out
-
-
 cdef class Context:
     """A llama_context on a Model, with one reusable batch. Free with free() (idempotent)."""
 
-    @cython.boundscheck(False)  # per token of every decode: toks[start, start + n) is in range by construction
-    @cython.wraparound(False)
-    cdef void _fill_batch(self, const int32_t[::1] toks, int32_t start, int32_t n, llama_pos pos0,
-                          int32_t seq_id, bint all_logits, int32_t last):
-        """Tokens [start, start + n) of toks into the batch, at positions pos0 + index in one sequence;
-        logits for every token (all_logits) or only for token `last`."""
-        cdef int32_t i
-        for i in range(n):
-            self.batch.token[i] = toks[start + i]
-            self.batch.pos[i] = pos0 + start + i
-            self.batch.n_seq_id[i] = 1
-            self.batch.seq_id[i][0] = seq_id
-            self.batch.logits[i] = all_logits or start + i == last
-        self.batch.n_tokens = n
+    cdef int32_t _fill_batch(self, _StepPlan plan, int32_t start, int32_t end) noexcept nogil:
+        """The batch fill of every decode path: tokens [start, end) of plan (flat, in the order of its items) into
+        the batch, with an output where plan asks for one, except those of an item that may not go in
+        (_StepPlan.take_sampled). Marks the items that went in; returns the batch's token count."""
+        cdef int32_t j, t, lo, hi, nb = 0
+        for j in range(plan.n_items):
+            lo = max(start, plan.first[j])
+            hi = min(end, plan.first[j] + plan.length[j])
+            if lo >= hi or not plan.go[j]:
+                continue
+            for t in range(lo, hi):
+                self.batch.token[nb] = plan.tok[t]
+                self.batch.pos[nb] = plan.pos0[j] + t - plan.first[j]
+                self.batch.n_seq_id[nb] = 1
+                self.batch.seq_id[nb][0] = plan.seq[j]
+                self.batch.logits[nb] = t - plan.first[j] >= plan.out_from[j]
+                nb += 1
+            plan.went[j] = 1
+        self.batch.n_tokens = nb
+        return nb
 
     def __cinit__(self):
         self.ptr = NULL
@@ -118,7 +101,7 @@ cdef class Context:
         self._release()
 
     cdef void _release(self) noexcept:
-        self.begun = None  # llama_free waits for the step still running
+        self.running = None  # llama_free waits for the step still running
         if self.backend_samplers:  # None when the garbage collector cleared a cycle holding the context
             for smp in self.backend_samplers.values():
                 (<Sampler> smp).backend = None
@@ -140,7 +123,7 @@ cdef class Context:
     cdef void _check_open(self) except *:
         if self.ptr == NULL:
             raise ValueError("the context is closed")
-        if self.begun is not None:
+        if self.running is not None:
             raise RuntimeError("a step of decode_batch_sample_begin() is running: call decode_batch_sample_end() "
                                "before anything else on this context")
 
@@ -234,39 +217,13 @@ cdef class Context:
         if not 0 <= logits_from < n or (logits_from and not all_logits):
             raise ValueError(f"logits_from must be in 0..{n - 1} (the tokens given) and needs all_logits, "
                              f"got {logits_from}")
-        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
         cdef int32_t n_ctx = llama_n_ctx_seq(self.ptr)  # a sequence's share; all of n_ctx with one sequence
         cdef llama_pos pos0 = llama_memory_seq_pos_max(llama_get_memory(self.ptr), seq_id) + 1
         if pos0 + n > n_ctx:
             raise ContextFullError(f"{pos0} cached + {n} new tokens exceed the context of {n_ctx} tokens")
-        out = np.empty((n - logits_from if all_logits else 1, n_vocab), dtype=np.float32)
-        cdef float[:, ::1] out_mv = out
-        cdef int32_t done = 0, chunk, i, row = 0, rc
-        cdef float * src
-        while done < n:
-            chunk = min(n - done, self.batch_cap)
-            self._fill_batch(toks, done, chunk, pos0, seq_id, all_logits, n - 1)
-            for i in range(min(chunk, max(0, logits_from - done))):
-                self.batch.logits[i] = False
-            with nogil:
-                rc = llama_decode(self.ptr, self.batch)
-            if rc != 0:  # a lost RPC server is the cause to report
-                _check_rpc_servers(self.model.rpc_servers, "decode")
-            _check_decode(rc, "decode")
-            if all_logits or done + chunk == n:  # outputs to read: llama_get_logits_ith would wait holding the GIL
-                with nogil:
-                    llama_synchronize(self.ptr)
-            for i in range(chunk):
-                if self.batch.logits[i]:
-                    src = llama_get_logits_ith(self.ptr, i)
-                    if src == NULL:
-                        raise DecodeError("no logits for an output token")
-                    memcpy(&out_mv[row, 0], src, n_vocab * sizeof(float))
-                    row += 1
-            self.n_last_outputs = row
-            done += chunk
-        # replies of a lost RPC server read as zeros: checked after the logits were fetched
-        _check_rpc_servers(self.model.rpc_servers, "decode")
+        out = _run_step(self, _StepPlan.sequence(toks, pos0, seq_id, logits_from if all_logits else n - 1), "decode",
+                        _OUT_COPY)
+        self.n_last_outputs = out.shape[0]
         return out
 
     cdef int _decode_one(self, llama_token token, llama_pos pos, llama_seq_id seq_id) noexcept nogil:
@@ -307,10 +264,11 @@ cdef class Context:
                                    f"{llama_n_ctx_seq(self.ptr)} tokens")
         cdef int32_t done = 0, chunk, i, rc
         cdef const float * src
+        cdef _StepPlan plan = _StepPlan.sequence(toks, pos0, seq_id, 0)
         out = []
         while done < n:
             chunk = min(n - done, self.batch_cap, <int32_t> llama_n_ubatch(self.ptr))
-            self._fill_batch(toks, done, chunk, pos0, seq_id, True, n - 1)
+            self._fill_batch(plan, done, done + chunk)
             with nogil:
                 rc = llama_decode(self.ptr, self.batch)
                 if rc == 0:
@@ -343,18 +301,8 @@ cdef class Context:
         cdef int32_t n_ctx = llama_n_ctx_seq(self.ptr)
         if pos0 + n > n_ctx:
             raise ContextFullError(f"{pos0} cached + {n} new tokens exceed the context of {n_ctx} tokens")
-        cdef int32_t done = 0, chunk, rc
-        while done < n:
-            chunk = min(n - done, self.batch_cap)
-            self._fill_batch(toks, done, chunk, pos0, seq_id, False, n - 1)
-            with nogil:
-                rc = llama_decode(self.ptr, self.batch)
-            if rc != 0:
-                _check_rpc_servers(self.model.rpc_servers, "prefill")
-            _check_decode(rc, "prefill")
-            done += chunk
+        _run_step(self, _StepPlan.sequence(toks, pos0, seq_id, n - 1), "prefill", _OUT_KEEP)
         self.n_last_outputs = 1
-        _check_rpc_servers(self.model.rpc_servers, "prefill")
 
     def decode_sample(self, Sampler sampler, int token, *, int seq_id=0):
         """One generation step in C, the GIL released: decode `token` at the end of a sequence, sample the
@@ -368,7 +316,8 @@ cdef class Context:
             raise ValueError("the sampler was made for another vocabulary")
         cdef llama_pos pos = llama_memory_seq_pos_max(llama_get_memory(self.ptr), seq_id) + 1
         if pos + 1 > llama_n_ctx_seq(self.ptr):
-            raise ContextFullError(f"{pos} cached + 1 new token exceed the context of {llama_n_ctx_seq(self.ptr)} tokens")
+            raise ContextFullError(f"{pos} cached + 1 new token exceed the context of {llama_n_ctx_seq(self.ptr)} "
+                                   f"tokens")
         cdef int rc
         cdef llama_token out = LLAMA_TOKEN_NULL
         with nogil:
@@ -427,6 +376,29 @@ cdef class Context:
             raise IndexError(f"no logits for output {idx}")
         return _row_logprobs(row, llama_vocab_n_tokens(self.model.vocab), token, n_top)
 
+    def decode_sequences(self, seqs):
+        """Append tokens to several sequences at once: the tokens of every sequence share each
+        llama_decode call (n_batch at a time, in the order given), as a server batches its slots.
+        seqs: (seq_id, tokens) pairs with distinct seq_ids < n_seq_max. Returns the logits of each
+        sequence's last token, float32 (len(seqs), n_vocab), in the order given."""
+        self._check_open()
+        plan = _plan_step(self, [(s, t, True, None, None, True) for s, t in seqs])
+        return _run_step(self, plan, "decode_sequences", _OUT_COPY)
+
+    def decode_batch(self, items):
+        """Append tokens to several sequences in shared llama_decode calls: a server's step, where some
+        sequences add one generated token and others a piece of their prompt.
+
+        items: (seq_id, tokens, logits) triples with distinct seq_ids < n_seq_max and at least one token
+        each; logits (bool) asks for the logits of the item's last token. Each sequence continues after
+        the positions it holds. The tokens go in the order given, n_batch at a time (one llama_decode
+        call when they fit). Returns float32 (items with logits, n_vocab), in the order given. A sequence
+        that would outgrow its share of the context (n_ctx_seq) raises ContextFullError before any decode.
+        """
+        self._check_open()
+        plan = _plan_step(self, [(s, t, bool(want), None, None, True) for s, t, want in items])
+        return _run_step(self, plan, "decode_batch", _OUT_COPY)
+
     def decode_batch_sample(self, items):
         """A server's step in C: decode_batch() where every item that asks for an output is sampled in C
         right after the llama_decode call that holds it (the GIL released), with no logits row copied.
@@ -435,8 +407,9 @@ cdef class Context:
         that item (a prompt piece); n_logprobs None: no log-probabilities, else the top n_logprobs.
         Returns one entry per item, in order: None for items without a sampler, else (token, logprob,
         top) where logprob and top are None without n_logprobs."""
-        triples, samplers, tops = _sample_items(items)
-        return _per_item(items, self._decode_items(triples, "decode_batch_sample", samplers, tops))
+        self._check_open()
+        cdef _StepPlan plan = _plan_step(self, _sample_items(items))
+        return _per_item(plan.items, _run_step(self, plan, "decode_batch_sample", _OUT_SAMPLE))
 
     def decode_batch_sample_begin(self, items):
         """decode_batch_sample(items) up to its last llama_decode call, which is left running on the
@@ -444,26 +417,19 @@ cdef class Context:
         stream the text of the previous step, until decode_batch_sample_end() waits for it, samples its
         rows and returns what decode_batch_sample(items) would. In between, every other call on this
         context is a RuntimeError; the items' samplers must stay open."""
-        triples, samplers, tops = _sample_items(items)
-        self._decode_items(triples, "decode_batch_sample", samplers, tops, defer_last=True)
-        self.begun = (items,) + self.begun
+        self._check_open()
+        plan = _plan_step(self, _sample_items(items))
+        _run_step(self, plan, "decode_batch_sample", _OUT_SAMPLE, defer_last=True)
 
     def decode_batch_sample_end(self):
         """The outputs of the step decode_batch_sample_begin() left running (see decode_batch_sample)."""
-        if self.ptr == NULL:
-            raise ValueError("the context is closed")
-        if self.begun is None:
-            raise RuntimeError("no step of decode_batch_sample_begin() is running")
-        items, rows, start, n, samplers, tops, out, n_vocab = self.begun
-        self.begun = None
-        for smp in samplers:
-            (<Sampler?> smp)._check_open()
-        self._sample_outputs(rows, start, n, samplers, tops, out, n_vocab)
+        cdef _RunningStep step = _running(self)
+        self.running = None
+        step.check_samplers()
+        _sample_outputs(self, step.at, step.first, step.samplers, step.tops, step.out)
         _check_rpc_servers(self.model.rpc_servers, "decode_batch_sample")
-        return _per_item(items, out)
+        return _per_item(step.items, step.out)
 
-    @cython.boundscheck(False)  # every index below is built in range before the GIL is released
-    @cython.wraparound(False)
     def decode_batch_sample_chain(self, plan):
         """End the step decode_batch_sample_begin() left running and begin the next one in the same call, with
         no Python in between: the GIL is released from the wait for the devices, through sampling, to the
@@ -481,241 +447,12 @@ cdef class Context:
         (empty: none started); the time.perf_counter() values when the rows were sampled and when the next
         llama_decode was called (t_sampled when none started); and None, or the LlamaError of that
         llama_decode, in which case started is empty."""
-        if self.ptr == NULL:
-            raise ValueError("the context is closed")
-        if self.begun is None:
-            raise RuntimeError("no step of decode_batch_sample_begin() is running")
-        items, rows_np, start, n, samplers, tops, out, vocab_size = self.begun
-        cdef int32_t n_vocab = vocab_size
-        for smp in samplers:
-            (<Sampler?> smp)._check_open()
-        row_of = {}  # seq_id -> its output row in the step that ends
-        for s, _, smp, _ in items:
-            if smp is not None:
-                row_of[int(s)] = len(row_of)
-        # the next step, checked before anything runs
-        plan = list(plan)
-        cdef uint32_t n_seq_max = llama_n_seq_max(self.ptr)
-        cdef int32_t n_ctx_seq = llama_n_ctx_seq(self.ptr)
-        cdef llama_memory_t mem = llama_get_memory(self.ptr)
-        ids = [int(e[0]) for e in plan]
-        if len(set(ids)) != len(ids) or not all(0 <= s < n_seq_max for s in ids):
-            raise ValueError(f"seq_ids must be distinct and in [0, {n_seq_max}): {ids}")
-        for e in plan:
-            if e[2] is not None:
-                (<Sampler?> e[2])._check_open()
-            if e[3] is not None:
-                check_logprobs(e[3], "n_logprobs")
-        cdef int32_t n_plan = len(plan), j, t, i, k, nb = 0, n_out = 0, rc = 0, n_rows = len(row_of)
-        arrays = [None if e[1] is None else np.asarray(self.model._tokens(e[1])) for e in plan]
-        for e, a in zip(plan, arrays):
-            if a is None and int(e[0]) not in row_of:
-                raise ValueError(f"seq_id {e[0]} has no sampled output in the running step to follow")
-            if a is not None and a.shape[0] == 0:
-                raise ValueError("every sequence needs at least one token")
-        lengths = np.array([1 if a is None else a.shape[0] for a in arrays], dtype=np.int32)
-        if int(lengths.sum()) > self.batch_cap:
-            raise ValueError(f"the next step has up to {int(lengths.sum())} tokens: more than n_batch "
-                             f"({self.batch_cap})")
-        pos0_np = np.array([llama_memory_seq_pos_max(mem, s) + 1 for s in ids], dtype=np.int32)
-        for s, held, new in zip(ids, pos0_np, lengths):
-            if held + new > n_ctx_seq:
-                raise ContextFullError(f"sequence {s}: {held} cached + {new} new tokens exceed its context of "
-                                       f"{n_ctx_seq} tokens")
-        cdef int32_t[::1] p_len = lengths
-        cdef int32_t[::1] p_pos = pos0_np
-        cdef int32_t[::1] p_seq = np.array(ids, dtype=np.int32)
-        cdef int32_t[::1] p_row = np.array([row_of[s] if a is None else -1 for s, a in zip(ids, arrays)],
-                                           dtype=np.int32)
-        cdef int32_t[::1] p_go = np.array([bool(e[4]) or a is not None for e, a in zip(plan, arrays)], dtype=np.int32)
-        cdef int32_t[::1] p_out = np.array([e[2] is not None for e in plan], dtype=np.int32)
-        flat = [a for a in arrays if a is not None]
-        cdef int32_t[::1] p_tok = np.concatenate(flat).astype(np.int32) if flat else np.zeros(1, dtype=np.int32)
-        cdef int32_t[::1] went = np.zeros(max(n_plan, 1), dtype=np.int32)
-        next_rows_np = np.full(max(int(lengths.sum()), 1), -1, dtype=np.int32)
-        cdef int32_t[::1] next_rows = next_rows_np
-        # the rows of the step that ends (those its earlier llama_decode calls sampled are in out already)
-        cdef const int32_t[::1] rows = rows_np
-        cdef _StepRows step_rows
-        here, step_rows = _step_rows(rows, start, n, samplers, tops, n_vocab)
-        cdef int32_t[::1] row_here = np.array([rows[start + i] for i in here] or [0], dtype=np.int32)
-        cdef int32_t n_here = len(here)
-        cdef int32_t[::1] tok_of_row = np.array([LLAMA_TOKEN_NULL if o is None else o[0] for o in out] or [0],
-                                                dtype=np.int32)
-        cdef llama_context * ctx = self.ptr
-        cdef const llama_vocab * vocab = self.model.vocab
-        cdef int n_threads = self.sampling_threads
-        cdef int err = 0, off
-        cdef int64_t t_sampled = 0, t_launched = 0
-        self.begun = None  # from here on the step is consumed, whatever happens
-        with nogil:
-            llama_synchronize(ctx)
-            err = step_rows.sample(ctx, self.row_pool, n_threads)
-            t_sampled = _now_ns()
-            if not err:
-                for i in range(n_here):
-                    tok_of_row[row_here[i]] = step_rows.tok[i]
-                off = 0
-                for j in range(n_plan):
-                    if p_row[j] >= 0:
-                        if not p_go[j] or llama_vocab_is_eog(vocab, tok_of_row[p_row[j]]):
-                            continue
-                        self.batch.token[nb] = tok_of_row[p_row[j]]
-                        self.batch.pos[nb] = p_pos[j]
-                        self.batch.n_seq_id[nb] = 1
-                        self.batch.seq_id[nb][0] = p_seq[j]
-                        self.batch.logits[nb] = 1
-                        next_rows[nb] = n_out
-                        n_out += 1
-                        nb += 1
-                    else:
-                        for t in range(p_len[j]):
-                            self.batch.token[nb] = p_tok[off + t]
-                            self.batch.pos[nb] = p_pos[j] + t
-                            self.batch.n_seq_id[nb] = 1
-                            self.batch.seq_id[nb][0] = p_seq[j]
-                            self.batch.logits[nb] = p_out[j] and t == p_len[j] - 1
-                            if self.batch.logits[nb]:
-                                next_rows[nb] = n_out
-                                n_out += 1
-                            nb += 1
-                        off += p_len[j]
-                    went[j] = 1
-                self.batch.n_tokens = nb
-                t_launched = _now_ns()
-                if nb > 0:
-                    rc = llama_decode(ctx, self.batch)
-        _check_sampled(err)
-        for k, i in enumerate(here):
-            out[rows[start + i]] = step_rows.output(k)
-        outputs = _per_item(items, out)
-        tok_by_row = [int(x) for x in tok_of_row[:n_rows]]
-        _check_rpc_servers(self.model.rpc_servers, "decode_batch_sample")
-        started, error = [], None
-        if nb > 0:
-            try:
-                if rc != 0:
-                    _check_rpc_servers(self.model.rpc_servers, "decode_batch_sample")
-                _check_decode(rc, "decode_batch_sample")
-            except LlamaError as e:
-                error = e
-            else:
-                for j in range(n_plan):
-                    if went[j]:
-                        e = plan[j]
-                        started.append((e[0], [tok_by_row[p_row[j]]] if p_row[j] >= 0 else e[1], e[2], e[3]))
-                nxt = [x[2] for x in started if x[2] is not None]
-                self.begun = (started, next_rows_np[:nb].copy(), 0, nb, nxt, [x[3] for x in started if x[2] is not None],
-                              [None] * n_out, n_vocab)
-        t_s = t_sampled / 1e9
-        return outputs, started, t_s, (t_launched / 1e9 if nb > 0 else t_s), error
-
-    def decode_sequences(self, seqs):
-        """Append tokens to several sequences at once: the tokens of every sequence share each
-        llama_decode call (n_batch at a time, in the order given), as a server batches its slots.
-        seqs: (seq_id, tokens) pairs with distinct seq_ids < n_seq_max. Returns the logits of each
-        sequence's last token, float32 (len(seqs), n_vocab), in the order given."""
-        return self._decode_items([(s, t, True) for s, t in seqs], "decode_sequences")
-
-    def decode_batch(self, items):
-        """Append tokens to several sequences in shared llama_decode calls: a server's step, where some
-        sequences add one generated token and others a piece of their prompt.
-
-        items: (seq_id, tokens, logits) triples with distinct seq_ids < n_seq_max and at least one token
-        each; logits (bool) asks for the logits of the item's last token. Each sequence continues after
-        the positions it holds. The tokens go in the order given, n_batch at a time (one llama_decode
-        call when they fit). Returns float32 (items with logits, n_vocab), in the order given. A sequence
-        that would outgrow its share of the context (n_ctx_seq) raises ContextFullError before any decode.
-        """
-        return self._decode_items([(s, t, bool(want)) for s, t, want in items], "decode_batch")
-
-    @cython.boundscheck(False)  # the per-token batch loop below; every index is built in range above
-    @cython.wraparound(False)   # so no negative index anywhere in this function (tests/test_build.py)
-    def _decode_items(self, list items, str what, list samplers=None, list tops=None, bint defer_last=False):
-        self._check_open()
-        cdef uint32_t n_seq_max = llama_n_seq_max(self.ptr)
-        cdef int32_t n_ctx_seq = llama_n_ctx_seq(self.ptr)
-        cdef llama_memory_t mem = llama_get_memory(self.ptr)
-        ids = [int(s) for s, _, _ in items]
-        if len(set(ids)) != len(ids) or not all(0 <= s < n_seq_max for s in ids):
-            raise ValueError(f"seq_ids must be distinct and in [0, {n_seq_max}): {ids}")
-        arrays = [np.asarray(self.model._tokens(t)) for _, t, _ in items]
-        if not items or any(a.shape[0] == 0 for a in arrays):
-            raise ValueError("every sequence needs at least one token")
-        lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
-        pos0 = np.array([llama_memory_seq_pos_max(mem, s) + 1 for s in ids], dtype=np.int64)
-        for s, held, new in zip(ids, pos0, lengths):
-            if held + new > n_ctx_seq:
-                raise ContextFullError(f"sequence {s}: {held} cached + {new} new tokens exceed its context of "
-                                       f"{n_ctx_seq} tokens")
-        # flat per-token arrays: token, sequence, position, and the output row (-1: no logits)
-        ends = np.cumsum(lengths)
-        n_total = int(lengths.sum())  # not ends[-1]: wraparound is off in this function
-        cdef int32_t[::1] tok = np.concatenate(arrays).astype(np.int32)
-        cdef int32_t[::1] seq = np.repeat(np.array(ids, dtype=np.int32), lengths)
-        cdef int32_t[::1] pos = (np.arange(n_total) - np.repeat(ends - lengths, lengths)
-                                 + np.repeat(pos0, lengths)).astype(np.int32)
-        want = np.array([w for _, _, w in items], dtype=bool)
-        rows_np = np.full(n_total, -1, dtype=np.int32)
-        rows_np[ends[want] - 1] = np.arange(int(want.sum()), dtype=np.int32)
-        cdef int32_t[::1] rows = rows_np
-        cdef int32_t n_vocab = llama_vocab_n_tokens(self.model.vocab)
-        cdef bint in_c = samplers is not None  # sample each output row here instead of copying it out
-        out = [None] * int(want.sum()) if in_c else np.empty((int(want.sum()), n_vocab), dtype=np.float32)
-        cdef float[:, ::1] out_mv = None if in_c else out
-        cdef int32_t total = tok.shape[0], start, n, i, rc
-        cdef float * src
-        for start in range(0, total, self.batch_cap):
-            n = min(self.batch_cap, total - start)
-            for i in range(n):
-                self.batch.token[i] = tok[start + i]
-                self.batch.pos[i] = pos[start + i]
-                self.batch.n_seq_id[i] = 1
-                self.batch.seq_id[i][0] = seq[start + i]
-                self.batch.logits[i] = rows[start + i] >= 0
-            self.batch.n_tokens = n
-            with nogil:
-                rc = llama_decode(self.ptr, self.batch)
-            if rc != 0:
-                _check_rpc_servers(self.model.rpc_servers, what)
-            _check_decode(rc, what)
-            if in_c:
-                if defer_last and start + n >= total:  # left running: decode_batch_sample_end() samples it
-                    self.begun = (rows_np, start, n, samplers, tops, out, n_vocab)
-                    return None
-                self._sample_outputs(rows, start, n, samplers, tops, out, n_vocab)
-                continue
-            if rows_np[start:start + n].max() >= 0:  # outputs to read: wait for them without the GIL, as decode()
-                with nogil:
-                    llama_synchronize(self.ptr)
-            for i in range(n):
-                if rows[start + i] >= 0:
-                    src = llama_get_logits_ith(self.ptr, i)
-                    if src == NULL:
-                        raise DecodeError("no logits for an output token")
-                    memcpy(&out_mv[rows[start + i], 0], src, n_vocab * sizeof(float))
-        _check_rpc_servers(self.model.rpc_servers, what)
-        return out
-
-    @cython.boundscheck(False)  # rows[start, start + n) is in range (built by _decode_items)
-    @cython.wraparound(False)
-    cdef _sample_outputs(self, const int32_t[::1] rows, int32_t start, int32_t n, list samplers, list tops,
-                         list out, int32_t n_vocab):
-        """Sample the output rows of the last llama_decode (batch positions [0, n), rows[start + i] the
-        output's index) with _StepRows, the GIL released from the wait for the devices on (llama_get_logits_ith
-        would wait holding it, and a server's HTTP thread could not run meanwhile). out[row] = (token,
-        logprob, top)."""
-        cdef int32_t i, k
-        cdef int err
-        cdef _StepRows step_rows
-        at, step_rows = _step_rows(rows, start, n, samplers, tops, n_vocab)
-        cdef int n_threads = self.sampling_threads
-        with nogil:
-            llama_synchronize(self.ptr)
-            err = step_rows.sample(self.ptr, self.row_pool, n_threads)
-        _check_sampled(err)
-        for k, i in enumerate(at):
-            out[rows[start + i]] = step_rows.output(k)
+        cdef _RunningStep step = _running(self)
+        step.check_samplers()
+        # the next step, checked before anything runs: a plan refused here leaves the step running
+        cdef _StepPlan nxt = _plan_step(self, [(e[0], e[1], e[2] is not None, e[2], e[3], e[4]) for e in plan],
+                                        step.rows_of())
+        return _chain_step(self, step, nxt)
 
     def split_overlap_stats(self):
         """What split overlap did in this context: whether the two lanes exist (else why not), the lane

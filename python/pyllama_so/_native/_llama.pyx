@@ -6,8 +6,8 @@ codes of the C API are turned into Python exceptions in one place: _check_decode
 _check_quantize() (_errors.pxi).
 
 One .pxi per concept, included below in dependency order: errors and logging, devices, parameter rules,
-quantization, chat templates, RPC, model, context and batch, embeddings, state, LoRA adapters, grammar,
-sampler, AllReduce. Bounds and wraparound checks are
+quantization, chat templates, RPC, model, context, the decoding step (plan check, batch fill, run),
+embeddings, state, LoRA adapters, grammar, sampler, AllReduce. Bounds and wraparound checks are
 on, except on the per-token loops that turn them off themselves (with a comment saying why).
 """
 
@@ -49,6 +49,7 @@ include "_chat.pxi"
 include "_rpc.pxi"
 include "_model.pxi"
 include "_context.pxi"
+include "_step.pxi"
 include "_embeddings.pxi"
 include "_state.pxi"
 include "_lora.pxi"

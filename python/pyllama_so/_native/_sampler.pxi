@@ -39,109 +39,6 @@ cdef list _logit_bias_entries(object logit_bias, int32_t n_vocab):
     return out
 
 
-cdef extern from *:
-    """
-    #include <algorithm>
-    // The k largest logits of a row as candidates (written to out, which has room for n), when they are
-    // distinct and strictly above every other logit of the row: then llama.cpp's top-k (a partial sort by
-    // logit) keeps exactly these, in the one order that has no ties, whether it is given the whole row or
-    // only them. 0 when the row has a tie at or within its top k, a NaN, or at most k entries: the caller
-    // then gives the chain the whole row.
-    //
-    // With a logit bias ahead of top-k in the chain (n_bias tokens, ids ascending and distinct), the k
-    // largest are those of the biased row: the other tokens are offered with their own logits, then the
-    // biased ones with logit + bias, as llama.cpp's logit-bias sampler adds it. The candidates keep the row's
-    // own logits, since the chain's logit-bias sampler adds the bias again to whichever of them it names.
-    static int32_t pyllama_so_top_candidates(const float * logits, int32_t n, int32_t k, const int32_t * bias_ids,
-                                             const float * bias_vals, int32_t n_bias, llama_token_data * out) {
-        if (k <= 0 || k + n_bias >= n) {
-            return 0;
-        }
-        const auto biased = [&](int32_t i) { return n_bias > 0 && std::binary_search(bias_ids, bias_ids + n_bias, i); };
-        const auto greater = [](const llama_token_data & a, const llama_token_data & b) { return a.logit > b.logit; };
-        int32_t i = 0;
-        for (int32_t m = 0; m < k; i++) {
-            if (logits[i] != logits[i]) {
-                return 0;
-            }
-            if (!biased(i)) {
-                out[m++] = { i, logits[i], 0.0f };
-            }
-        }
-        std::make_heap(out, out + k, greater); // out[0]: the smallest of the k kept so far
-        auto offer = [&](int32_t id, float x) {
-            if (x > out[0].logit) {
-                std::pop_heap(out, out + k, greater);
-                out[k - 1] = { id, x, 0.0f };
-                std::push_heap(out, out + k, greater);
-            }
-        };
-        auto offer_unbiased = [&](int32_t i) { // a biased token comes later, with its bias
-            if (logits[i] > out[0].logit && !biased(i)) {
-                offer(i, logits[i]);
-            }
-        };
-        // blocks of 32 that hold nothing above the heap's smallest (nor a NaN) are skipped by one vectorizable
-        // test: after the first blocks that is almost all of them
-        constexpr int32_t B = 32;
-        for (; i + B <= n; i += B) {
-            const float thr = out[0].logit;
-            int hit = 0;
-            for (int32_t j = 0; j < B; j++) {
-                const float x = logits[i + j];
-                hit |= (x > thr) | (x != x);
-            }
-            if (hit) {
-                for (int32_t j = 0; j < B; j++) {
-                    if (logits[i + j] != logits[i + j]) {
-                        return 0;
-                    }
-                    offer_unbiased(i + j);
-                }
-            }
-        }
-        for (; i < n; i++) {
-            if (logits[i] != logits[i]) {
-                return 0;
-            }
-            offer_unbiased(i);
-        }
-        for (int32_t b = 0; b < n_bias; b++) {
-            const float x = logits[bias_ids[b]] + bias_vals[b];
-            if (x != x) {
-                return 0;
-            }
-            offer(bias_ids[b], x);
-        }
-        const float kth = out[0].logit;
-        int32_t n_ge = 0;
-        for (int32_t j = 0; j < n; j++) {
-            n_ge += logits[j] >= kth;
-        }
-        for (int32_t b = 0; b < n_bias; b++) { // count the biased tokens by their biased logits
-            const float x = logits[bias_ids[b]];
-            n_ge += (x + bias_vals[b] >= kth) - (x >= kth);
-        }
-        if (n_ge != k) {
-            return 0; // another entry equals the k-th largest
-        }
-        std::sort(out, out + k, greater);
-        for (int32_t j = 1; j < k; j++) {
-            if (out[j].logit == out[j - 1].logit) {
-                return 0;
-            }
-        }
-        for (int32_t j = 0; n_bias > 0 && j < k; j++) {
-            out[j].logit = logits[out[j].id];
-        }
-        return k;
-    }
-    """
-    int32_t _top_candidates "pyllama_so_top_candidates"(const float * logits, int32_t n, int32_t k,
-                                                          const int32_t * bias_ids, const float * bias_vals,
-                                                          int32_t n_bias, llama_token_data * out) noexcept nogil
-
-
 cdef llama_token _sample_row(llama_sampler * chain, llama_sampler * grammar, llama_token_data * cur,
                              int32_t n_vocab, const float * logits, const void * prefilter) noexcept nogil:
     """Sample a token from a logits row with chain (and grammar) and accept it: llama_sampler_sample's work on
@@ -194,50 +91,6 @@ cdef llama_token _sample_row(llama_sampler * chain, llama_sampler * grammar, lla
         llama_sampler_accept(grammar, tok)
     llama_sampler_accept(chain, tok)
     return tok
-
-
-cdef extern from *:
-    """
-    typedef llama_token (*pyllama_so_row_sampler)(struct llama_sampler *, struct llama_sampler *,
-                                                  llama_token_data *, int32_t, const float *, const void *);
-    struct pyllama_so_rows_job {
-        pyllama_so_row_sampler fn;
-        int n, n_parts;
-        struct llama_sampler ** chains;
-        struct llama_sampler ** grammars;
-        llama_token_data ** curs;
-        const void ** prefilters;
-        int32_t n_vocab;
-        const float ** rows;
-        llama_token * out;
-    };
-    static void pyllama_so_rows_part(void * arg, int part) {
-        const pyllama_so_rows_job * job = (const pyllama_so_rows_job *) arg;
-        for (int i = part; i < job->n; i += job->n_parts) {
-            job->out[i] = job->fn(job->chains[i], job->grammars[i], job->curs[i], job->n_vocab, job->rows[i],
-                                  job->prefilters[i]);
-        }
-    }
-    // Rows of different sequences, each with its own chain and buffer, sampled on up to n_threads threads of
-    // pool (a server step's outputs: the chains share nothing).
-    static void pyllama_so_sample_rows(pyllama_so_row_sampler fn, int n, struct llama_sampler ** chains,
-                                       struct llama_sampler ** grammars, llama_token_data ** curs,
-                                       const void ** prefilters, int32_t n_vocab, const float ** rows,
-                                       llama_token * out, pyllama_so_row_pool * pool, int n_threads) {
-        pyllama_so_rows_job job = { fn, n, n_threads < n ? n_threads : n, chains, grammars, curs, prefilters,
-                                    n_vocab, rows, out };
-        if (job.n_parts < 1) {
-            job.n_parts = 1;
-        }
-        pyllama_so_row_pool_run(pool, job.n_parts, pyllama_so_rows_part, &job);
-    }
-    """
-    ctypedef llama_token (*_row_sampler_t)(llama_sampler *, llama_sampler *, llama_token_data *, int32_t,
-                                           const float *, const void *) noexcept nogil
-    void _sample_rows "pyllama_so_sample_rows"(_row_sampler_t fn, int n, llama_sampler ** chains,
-                                               llama_sampler ** grammars, llama_token_data ** curs,
-                                               const void ** prefilters, int32_t n_vocab, const float ** rows,
-                                               llama_token * out, _RowPool * pool, int n_threads) nogil
 
 
 cdef class Sampler:
@@ -348,7 +201,8 @@ cdef class Sampler:
             return
         if params.mirostat_mode == 1:
             self._add(llama_sampler_init_temp(temp))
-            self._add(llama_sampler_init_mirostat(self.n_vocab, self.seed, params.mirostat_tau, params.mirostat_eta, 100))
+            self._add(llama_sampler_init_mirostat(self.n_vocab, self.seed, params.mirostat_tau, params.mirostat_eta,
+                                                  100))
             return
         if params.mirostat_mode == 2:
             self._add(llama_sampler_init_temp(temp))
@@ -631,10 +485,22 @@ cdef class _StepRows:
                 self.n_cpu += 1
 
     def __dealloc__(self):
-        free(self.at); free(self.graph_chain); free(self.top_n); free(self.top_off); free(self.top_k)
-        free(self.top_ids); free(self.top_vals); free(self.lse); free(self.tok_logit); free(self.tok)
-        free(self.cpu_row); free(self.cpu_chains); free(self.cpu_grammars); free(self.cpu_curs)
-        free(self.cpu_prefilter); free(self.srcs)
+        free(self.at)
+        free(self.graph_chain)
+        free(self.top_n)
+        free(self.top_off)
+        free(self.top_k)
+        free(self.top_ids)
+        free(self.top_vals)
+        free(self.lse)
+        free(self.tok_logit)
+        free(self.tok)
+        free(self.cpu_row)
+        free(self.cpu_chains)
+        free(self.cpu_grammars)
+        free(self.cpu_curs)
+        free(self.cpu_prefilter)
+        free(self.srcs)
         free(self.picked)
 
     cdef int sample(self, llama_context * ctx, _RowPool * pool, int n_threads) noexcept nogil:
@@ -674,11 +540,10 @@ cdef class _StepRows:
                                                 &self.top_vals[self.top_off[i]], self.top_k[i], self.lse[i])
 
 
-cdef tuple _step_rows(const int32_t[::1] rows, int32_t start, int32_t n, list samplers, list tops, int32_t n_vocab):
-    """The output rows of a llama_decode's batch positions [0, n) (rows[start + i]: the output of position i,
-    negative for none): (the positions with an output, their _StepRows)."""
-    at = [i for i in range(n) if rows[start + i] >= 0]
-    return at, _StepRows([(samplers[rows[start + i]], i, tops[rows[start + i]]) for i in at], n_vocab)
+cdef _StepRows _step_rows(list at, int32_t first, list samplers, list tops, int32_t n_vocab):
+    """The outputs of a llama_decode call at batch positions at, output rows first on (samplers and tops: per
+    output row of the step), as _StepRows."""
+    return _StepRows([(samplers[first + k], pos, tops[first + k]) for k, pos in enumerate(at)], n_vocab)
 
 
 cdef int _check_sampled(int err) except -1:

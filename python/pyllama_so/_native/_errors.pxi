@@ -26,15 +26,8 @@ class QuantizeError(LlamaError):
 
 
 # ---------------------------------------------------------------------------------------------
-# logging: llama.cpp logs from any thread, so the callback touches no Python object.
-
-cdef extern from *:
-    """
-    // The error lines llama.cpp logged on this thread since the last take (as many as fit): decodes
-    // run without the GIL, so two threads must not read each other's message.
-    static thread_local char pyllama_so_last_error[1024];
-    """
-    char _last_error "pyllama_so_last_error"[1024]
+# logging: llama.cpp logs from any thread, so the callback touches no Python object. It keeps the thread's
+# error lines in _last_error (last-error.h) for the exception that reports the failed call.
 
 cdef int _log_threshold = GGML_LOG_LEVEL_WARN
 cdef bint _log_last_shown = False
