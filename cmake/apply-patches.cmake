@@ -1,6 +1,14 @@
-# Apply patches/NNNN-*.patch to the upstream tree in order. A patch that is already applied (its
-# reverse applies cleanly) is skipped, so configuring twice is harmless; a patch that applies neither
-# way stops the configure with its name.
+# Apply patches/NNNN-*.patch to the upstream tree in order, and record each one applied (its name and
+# sha256) in the tree's .pyllama-so-patches. Configuring again skips what the record lists, so it is
+# harmless even where a later patch changed an earlier one's context; a tree patched with another
+# version of a patch stops the configure with its name. A tree without the record (patched before the
+# record existed) falls back to a reverse check per patch.
+
+function(_pyllama_so_patch_failed name tree detail)
+    message(FATAL_ERROR "pyllama_so: patch ${name} does not apply to ${tree}:\n${detail}\n"
+        "Hint: the upstream tree is not the pinned one, or the patch needs a refresh. "
+        "Re-extract the pinned tree with scripts/fetch-upstream --force.")
+endfunction()
 
 function(pyllama_so_apply_patches tree patch_dir)
     find_package(Git QUIET)
@@ -13,21 +21,54 @@ function(pyllama_so_apply_patches tree patch_dir)
     # paths are taken relative to the tree.
     get_filename_component(_parent "${tree}" DIRECTORY)
     set(_git "${CMAKE_COMMAND}" -E env "GIT_CEILING_DIRECTORIES=${_parent}" "${GIT_EXECUTABLE}")
+    set(_record "${tree}/.pyllama-so-patches")
+    set(_done)
+    set(_have_record OFF)
+    if (EXISTS "${_record}")
+        file(STRINGS "${_record}" _done)
+        set(_have_record ON)
+    endif()
+    set(_i 0)
+    list(LENGTH _done _n_done)
     foreach (_patch IN LISTS _patches)
         get_filename_component(_name "${_patch}" NAME)
-        execute_process(COMMAND ${_git} apply --reverse --check "${_patch}"
-                        WORKING_DIRECTORY "${tree}" RESULT_VARIABLE _applied OUTPUT_QUIET ERROR_QUIET)
-        if (_applied EQUAL 0)
+        file(SHA256 "${_patch}" _sha)
+        set(_entry "${_name} ${_sha}")
+        if (_i LESS _n_done)
+            list(GET _done ${_i} _recorded)
+            if (NOT _recorded STREQUAL _entry)
+                _pyllama_so_patch_failed("${_name}" "${tree}"
+                    "the tree holds another series (its record ${_record} lists \"${_recorded}\" here)")
+            endif()
             message(STATUS "pyllama_so: patch ${_name}: already applied")
-            continue()
+        elseif (NOT _have_record)
+            execute_process(COMMAND ${_git} apply --reverse --check "${_patch}"
+                            WORKING_DIRECTORY "${tree}" RESULT_VARIABLE _applied OUTPUT_QUIET ERROR_QUIET)
+            if (NOT _applied EQUAL 0)
+                execute_process(COMMAND ${_git} apply --whitespace=nowarn "${_patch}"
+                                WORKING_DIRECTORY "${tree}" RESULT_VARIABLE _rc ERROR_VARIABLE _err)
+                if (NOT _rc EQUAL 0)
+                    _pyllama_so_patch_failed("${_name}" "${tree}" "${_err}")
+                endif()
+                message(STATUS "pyllama_so: patch ${_name}: applied")
+            else()
+                message(STATUS "pyllama_so: patch ${_name}: already applied")
+            endif()
+            file(APPEND "${_record}" "${_entry}\n")
+        else()
+            execute_process(COMMAND ${_git} apply --whitespace=nowarn "${_patch}"
+                            WORKING_DIRECTORY "${tree}" RESULT_VARIABLE _rc ERROR_VARIABLE _err)
+            if (NOT _rc EQUAL 0)
+                _pyllama_so_patch_failed("${_name}" "${tree}" "${_err}")
+            endif()
+            message(STATUS "pyllama_so: patch ${_name}: applied")
+            file(APPEND "${_record}" "${_entry}\n")
         endif()
-        execute_process(COMMAND ${_git} apply --whitespace=nowarn "${_patch}"
-                        WORKING_DIRECTORY "${tree}" RESULT_VARIABLE _rc ERROR_VARIABLE _err)
-        if (NOT _rc EQUAL 0)
-            message(FATAL_ERROR "pyllama_so: patch ${_name} does not apply to ${tree}:\n${_err}\n"
-                "Hint: the upstream tree is not the pinned one, or the patch needs a refresh. "
-                "Re-extract the pinned tree with scripts/fetch-upstream --force.")
-        endif()
-        message(STATUS "pyllama_so: patch ${_name}: applied")
+        math(EXPR _i "${_i} + 1")
     endforeach()
+    if (_i LESS _n_done)
+        list(GET _done ${_i} _recorded)
+        _pyllama_so_patch_failed("(none)" "${tree}"
+            "the tree holds a patch the series no longer has (its record ${_record} lists \"${_recorded}\")")
+    endif()
 endfunction()

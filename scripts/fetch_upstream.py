@@ -136,6 +136,7 @@ def extract(sdist: Path, pin: dict, dest: Path) -> int:
 
 
 MANIFEST = ".pyllama_so-source"
+PATCH_RECORD = ".pyllama-so-patches"  # cmake/apply-patches.cmake: the patches applied to the tree
 
 
 def copy_tree(src: Path, pin: dict, dest: Path) -> tuple[int, int]:
@@ -166,6 +167,8 @@ def copy_tree(src: Path, pin: dict, dest: Path) -> tuple[int, int]:
     for rel in set(old.get("files", {})) - set(seen):
         (dest / rel).unlink(missing_ok=True)
     dest.mkdir(parents=True, exist_ok=True)
+    if copied:  # some copied files are unpatched again: the applier checks each patch instead of its record
+        (dest / PATCH_RECORD).unlink(missing_ok=True)
     manifest_file.write_text(json.dumps({"source": str(src), "files": seen}))
     return len(seen), copied
 

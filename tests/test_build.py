@@ -165,6 +165,29 @@ def test_patch_applier_is_idempotent_and_loud(tmp_path: Path) -> None:
     assert "0002-stale.patch" in third.stderr
 
 
+def test_patch_applier_skips_a_patch_whose_context_a_later_one_changed(tmp_path: Path) -> None:
+    """A patched tree configures again even where a later patch edited the lines around an earlier one (its
+    reverse no longer applies on its own); a tree patched with another version of a patch is refused by name."""
+    tree = tmp_path / "up" / "tree"
+    tree.mkdir(parents=True)
+    (tree / "a.c").write_text("int a;\nint z;\n")
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "0001-add-b.patch").write_text("--- a/a.c\n+++ b/a.c\n@@ -1,2 +1,3 @@\n int a;\n+int b;\n int z;\n")
+    (patches / "0002-add-c.patch").write_text(
+        "--- a/a.c\n+++ b/a.c\n@@ -1,3 +1,4 @@\n int a;\n int b;\n+int c;\n int z;\n")
+    assert _apply(tmp_path, tree, patches).returncode == 0
+    again = _apply(tmp_path, tree, patches)
+    assert again.returncode == 0, again.stderr
+    assert (again.stdout + again.stderr).count("already applied") == 2
+    assert (tree / "a.c").read_text() == "int a;\nint b;\nint c;\nint z;\n"
+    (patches / "0002-add-c.patch").write_text(
+        "--- a/a.c\n+++ b/a.c\n@@ -1,3 +1,4 @@\n int a;\n int b;\n+int d;\n int z;\n")
+    changed = _apply(tmp_path, tree, patches)
+    assert changed.returncode != 0
+    assert "0002-add-c.patch" in changed.stderr and "fetch-upstream --force" in changed.stderr
+
+
 def test_version_attribute() -> None:
     """The version is pyproject's, or the marker of a source tree that was never installed."""
     declared = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
