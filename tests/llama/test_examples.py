@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import REPO
 from pyllama_so import allreduce
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = REPO / "examples"
 
 
 def run_example(name: str, *args: str | Path, cwd: Path | None = None) -> str:

@@ -13,7 +13,6 @@ import json
 import os
 import queue
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,7 @@ from pyllama_so.grammar import GrammarError, response_format_grammar
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.server.engine import Delta, Done, Engine, Event, Failed, Job
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess  # scripts/server_process.py
 
 PROMPT = "The quick brown fox jumps over the lazy dog. 0123456789"
 # every size bounded: at most ~120 characters of JSON, whitespace included

@@ -8,20 +8,19 @@ use: the tools in the system turn, each call a JSON object inside <tool_call></t
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
 import pytest
+from helpers.paths import DATA
 from pyllama_so import _llama
 from pyllama_so.tool_calls import ToolCallStream, ToolChoiceError, parse_message, tool_chat, uses_tools
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess  # scripts/server_process.py
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "tool-call-template.jinja"
+TEMPLATE = DATA / "tool-call-template.jinja"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

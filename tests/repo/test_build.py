@@ -12,9 +12,9 @@ from pathlib import Path
 import fetch_upstream  # scripts/fetch_upstream.py (tests/conftest.py puts scripts/ on the path)
 import pytest
 
+from helpers.paths import REPO
 import pyllama_so
 
-REPO = Path(__file__).resolve().parents[2]
 PIN = json.loads((REPO / "cmake" / "upstream-pin.json").read_text())
 
 

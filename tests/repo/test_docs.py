@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
+from helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 
 # CommonMark: a fence is three or more backticks or tildes; a backtick fence's info string has no backtick
 _OPENING = re.compile(r"^\s*(?P<fence>`{3,}|~{3,})(?P<info>.*)$")

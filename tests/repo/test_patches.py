@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import REPO, SCRIPTS
 
-PATCHES = sorted((Path(__file__).resolve().parents[2] / "patches").glob("[0-9][0-9][0-9][0-9]-*.patch"))
+PATCHES = sorted((REPO / "patches").glob("[0-9][0-9][0-9][0-9]-*.patch"))
 
 
 def test_there_are_patches() -> None:
@@ -36,7 +37,7 @@ def test_patch_has_a_format_patch_header(patch: Path) -> None:
 def test_refreshing_the_patches_changes_nothing() -> None:
     """scripts/refresh-patches applies the series to a git checkout of the pinned tree and writes it back
     with git format-patch: the committed patches must be exactly what it writes."""
-    script = Path(__file__).resolve().parents[2] / "scripts" / "refresh-patches"
+    script = SCRIPTS / "refresh-patches"
     res = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr
     assert "would change 0 of" in res.stdout

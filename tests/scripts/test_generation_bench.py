@@ -5,8 +5,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "generation-bench"
 
 

@@ -18,8 +18,8 @@ from gpu_check.options import env_words, parse_args
 from gpu_check.registry import ORDER, STAGES, default_names, registered, stage
 from gpu_check.runner import Cmd, Runner, tee, to
 from gpu_check.traces import newest_record
+from helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-check"
 DEFAULT_STAGES = ["build", "probe", "smoke", "tests", "arbench", "tpbench", "sobench", "so2bench", "server",
                   "generation", "sanitize", "bench", "logits"]

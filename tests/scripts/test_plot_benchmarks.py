@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "plot-benchmarks"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EXPECTED = ("allreduce-time-vs-size.png", "tensor-split-pp2048-by-ubatch.png", "split-overlap-pp2048-two-gpus.png",

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from helpers.split_devices import cuda_device_pair
+from helpers.paths import SCRIPTS
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "precision-table"
+SCRIPT = SCRIPTS / "precision-table"
 
 
 def _run(rows: str, model: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:

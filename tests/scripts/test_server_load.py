@@ -14,9 +14,10 @@ import pytest
 from server_load import (  # scripts/server_load.py (tests/conftest.py puts scripts/ on the path)
     Outcome, Prompts, find_llama_server, full_decode_rate, parse_args, percentile, request_body)
 
+from helpers.paths import SCRIPTS
 from pyllama_so.server.settings import FINGERPRINT
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "server-load"
+SCRIPT = SCRIPTS / "server-load"
 # 3 slots of 512 tokens: the mixed scenario's two streams and a long prompt
 SERVER_FLAGS = ["-c", "1536", "-np", "3", "-b", "256", "-ub", "64", "-t", "2"]
 LOAD_FIELDS = {"server", "scenario", "concurrency", "requests", "ok", "errors", "error_samples", "prompt_tokens",

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import SCRIPTS
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "server-scenario"
+SCRIPT = SCRIPTS / "server-scenario"
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "so-matrix"
 
 

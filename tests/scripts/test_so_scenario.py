@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from helpers.paths import SCRIPTS
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "so-scenario"
+SCRIPT = SCRIPTS / "so-scenario"
 
 
 def test_split_overlap_gives_the_same_greedy_tokens(tiny_model: Path, tmp_path: Path) -> None:

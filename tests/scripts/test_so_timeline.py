@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import SCRIPTS
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "so-timeline"
+SCRIPT = SCRIPTS / "so-timeline"
 
 
 def _export(path: Path) -> None:

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import SCRIPTS
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "step-log-summary"
+SCRIPT = SCRIPTS / "step-log-summary"
 
 
 def _step(i: int, t: float, ms: float, generating: int, prompt: int) -> dict:

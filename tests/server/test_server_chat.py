@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers.chat_prompts import CHATML, MESSAGES, RENDERED, SMOLLM2_PROMPT, SMOLLM2_QUESTION
+from helpers.server import N_BATCH, N_UBATCH, Server
 from pyllama_so import Llama, _llama
 from pyllama_so.server import chat
-from test_server import N_BATCH, N_UBATCH, Server
 
 SLOT_CTX = 256
 ARGS = ["-c", str(2 * SLOT_CTX), "-np", "2", "-b", str(N_BATCH), "-ub", str(N_UBATCH)]

@@ -5,7 +5,6 @@ compared with Llama.embed on the same tiny model; without --embeddings they are 
 from __future__ import annotations
 
 import base64
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,7 @@ import pytest
 from pyllama_so import Llama
 from pyllama_so.embeddings import normalize
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess  # scripts/server_process.py
 
 TEXTS = ["hello world", "The quick brown fox", "0123456789"]
 ARGS = ["-t", "2", "-c", "512", "-np", "2", "-b", "64", "-ub", "64"]

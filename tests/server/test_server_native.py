@@ -20,12 +20,11 @@ import numpy as np
 import pytest
 from helpers.cuda_devices import cuda_device_count
 from helpers.logits_reference import generation_rows, log_softmax
+from helpers.server import MAIN_ARGS, PROMPT, SLOT_CTX, Server, clear_slot_caches, reference, unique_tokens
 from prometheus_client.parser import text_string_to_metric_families
 from pyllama_so import Llama, _llama, synth
 from pyllama_so.server.__main__ import main as server_main
 from pyllama_so.server.engine import Delta, Done, Engine, Event, Job
-from test_server import (MAIN_ARGS, PROMPT, SLOT_CTX, Server, clear_slot_caches, llm, reference, server,  # noqa: F401
-                         unique_tokens)
 
 SEEDED = {"temperature": 1.2, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 11}
 LOGPROB_TOLERANCE = 2e-3 if cuda_device_count() else 1e-4  # CUDA: other kernels for other batch shapes

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from helpers.cuda_devices import cuda_device_count
+from helpers.server import MAIN_ARGS, Server
 from pyllama_so import Llama
-from test_server import MAIN_ARGS, Server, llm, server  # noqa: F401 (the module-scoped fixtures)
 
 PROMPT = "The quick brown fox"
 

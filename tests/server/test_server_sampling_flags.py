@@ -4,7 +4,6 @@ request that leaves a field out gets the flag's value (in its answer and in /pro
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import httpx
@@ -14,8 +13,7 @@ from pyllama_so.server.__main__ import main as server_main
 from pyllama_so.server.__main__ import parser as server_parser
 from pyllama_so.server.sampling_flags import sampling_defaults
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess  # scripts/server_process.py
 
 ARGS = ["-t", "2", "-c", "512", "-np", "1"]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,8 +19,7 @@ from pyllama_so import _llama
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.server.engine import SHUTTING_DOWN, Delta, Done, Engine, EngineStopped, Event, Failed, Job, Step
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess  # scripts/server_process.py
 
 GRACE = 3.0
 GREEDY = SamplingParams(temperature=0.0)

@@ -5,7 +5,6 @@ supported (never argparse's "unrecognized arguments", nor -cb read as -c b)."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 from pathlib import Path
 
@@ -15,8 +14,7 @@ from pyllama_so import Llama
 from pyllama_so.server.__main__ import parser as server_parser
 from pyllama_so.server.engine import Engine
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess  # scripts/server_process.py
 
 LLAMA_SERVER_LINE = ["-m", "model.gguf", "--jinja", "-cb", "--no-webui", "--offline", "--no-context-shift",
                      "--no-warmup", "-tb", "4", "-kvu", "--no-mmap", "-sps", "0.5", "--log-disable",
