@@ -1,6 +1,6 @@
 #pragma once
 
-// Fixtures for the per-architecture tests (tests/test_archs.py, python -m pyllama_so.archs),
+// Fixtures for the per-architecture tests (tests/multi_device/test_archs.py, python -m pyllama_so.archs),
 // equivalent to upstream's tests/test-llama-archs.cpp. Test harness only: built into
 // libpyllama-so-testing, never into libllama.
 

@@ -1,6 +1,6 @@
 #pragma once
 
-// Fixtures for the split-overlap race tests (tests/test_split_overlap.py). Test harness only: built into
+// Fixtures for the split-overlap race tests (tests/multi_device/test_split_overlap.py). Test harness only: built into
 // libpyllama-so-testing, never into libllama.
 
 #include "llama.h"

@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from cuda_devices import cuda_device_count
-from real_models import real_model
+from helpers.chat_prompts import CHAT_TEMPLATE
+from helpers.cuda_devices import cuda_device_count
+from helpers.paths import SCRIPTS
+from helpers.real_models import real_model
 
 from pyllama_so import synth
 
 # scripts/ holds modules (server_process, server_load, fetch_upstream, gpu_check, ...) that tests import by name
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(SCRIPTS))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -44,17 +46,6 @@ def small_model(model_dir: Path) -> Path:
     """The bench's default synthetic shape (qwen3-shaped, 33.6 M params), in the session's pytest folder (not
     the user's model cache)."""
     return synth.write_model(model_dir / "small-f16.gguf", "small", "f16", quiet=True)
-# A chat template in the style of transformers' templates: the BOS written by the template, a default system
-# prompt, tools as JSON, raise_exception for a role it refuses. tests/test_chat.py spells out what it renders.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% if tools %}<|tools|>{{ tools | tojson }}\n{% endif %}"
-    "{% for m in messages %}"
-    "{% if loop.first and m['role'] != 'system' %}<|system|>\nYou are a tiny test model.{{ eos_token }}\n{% endif %}"
-    "{% if m['role'] == 'forbidden' %}{{ raise_exception('the role forbidden is not allowed') }}{% endif %}"
-    "<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 
 
 @pytest.fixture(scope="session")

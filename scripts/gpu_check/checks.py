@@ -33,7 +33,7 @@ def build(cx: Context) -> None:
     """The CUDA build (sm_90, NCCL from the nvidia-nccl wheel when there is one) into WORK/cuda and, when stage
     probe, smoke or logits runs, the CPU build into WORK/cpu, both at once. Upstream's llama-bench is built too
     when stage bench runs, llama-server when stage upserver runs; neither build compiles the RPC backend (no
-    stage uses it; tests/test_rpc.py runs in CI). A failed CUDA build ends the check."""
+    stage uses it; tests/multi_device/test_rpc.py runs in CI). A failed CUDA build ends the check."""
     run = cx.run
     run.log("building CUDA and CPU variants")
     tools = "ON" if "bench" in cx.selected else "OFF"
@@ -130,11 +130,11 @@ def sanitize(cx: Context) -> None:
     and over a short -so 1 prompt on two CUDA devices of one GPU: OUT/memcheck.txt."""
     cx.run.log("compute-sanitizer memcheck: copy-engine reductions "
                f"({shutil.which('compute-sanitizer') or '/usr/local/cuda/bin/compute-sanitizer'})")
-    _memcheck(cx, "memcheck", "memcheck.log", True, {}, "test_allreduce_ce.py", "-k", MEMCHECK_CE)
+    _memcheck(cx, "memcheck", "memcheck.log", True, {}, "multi_device/test_allreduce_ce.py", "-k", MEMCHECK_CE)
     cx.run.log("compute-sanitizer memcheck: a short -so 1 prompt on two CUDA devices of one GPU")
     _memcheck(cx, "memcheck split overlap", "memcheck-so.log", False,
-              {"CUDA_VISIBLE_DEVICES": "0", "GGML_CUDA_DEVICES": "2"}, "test_split_overlap.py", "-m", "gpu", "-k",
-              MEMCHECK_SO)
+              {"CUDA_VISIBLE_DEVICES": "0", "GGML_CUDA_DEVICES": "2"},
+              "multi_device/test_split_overlap.py", "-m", "gpu", "-k", MEMCHECK_SO)
 
 
 @stage("logits")

@@ -60,11 +60,13 @@ class Option:
     type: Callable[[str], Any] = str
 
 
-TESTS = ("test_gpu.py;test_allreduce_ce.py -k not(routing_by_size);test_allreduce_ce.py -k routing -s;"
-         "test_archs.py -m gpu;test_llama.py;test_errors.py;test_bench.py;test_bench_allreduce.py;"
-         "test_build.py -k (no_test_switch)or(rig_is_its_own);test_split_overlap.py;"
-         "CUDA_VISIBLE_DEVICES=0 GGML_CUDA_DEVICES=2 test_split_overlap.py -m gpu;test_attn_split.py -m gpu;"
-         "test_examples.py;test_server.py -m gpu;test_sampling.py")
+TESTS = ("gpu/test_gpu.py;multi_device/test_allreduce_ce.py -k not(routing_by_size);"
+         "multi_device/test_allreduce_ce.py -k routing -s;multi_device/test_archs.py -m gpu;llama/test_llama.py;"
+         "llama/test_errors.py;bench/test_bench.py;bench/test_bench_allreduce.py;"
+         "repo/test_build.py -k (no_test_switch)or(rig_is_its_own);multi_device/test_split_overlap.py;"
+         "CUDA_VISIBLE_DEVICES=0 GGML_CUDA_DEVICES=2 multi_device/test_split_overlap.py -m gpu;"
+         "multi_device/test_attn_split.py -m gpu;llama/test_examples.py;server/test_server.py -m gpu;"
+         "llama/test_sampling.py")
 
 OPTIONS = (
     Option("--out", "OUT", str(REPO / "gpu-out"), "the folder of the results (JSON, tables, logs.tgz)", Path),
@@ -80,8 +82,9 @@ OPTIONS = (
            "bench's default, 1 as llama-bench. 2 covers CUDA graph capture, which otherwise the first timed "
            "repetition of a prompt test pays for", count),
     Option("--tests", "GPU_CHECK_TESTS", TESTS,
-           "stage tests: ';'-separated pytest runs, one per file, each after optional VAR=value words (its "
-           "environment); split on spaces, so a -k expression has none, e.g. -k not(routing_by_size)", configs),
+           "stage tests: ';'-separated pytest runs, one per file (its path under tests/), each after optional "
+           "VAR=value words (its environment); split on spaces, so a -k expression has none, e.g. "
+           "-k not(routing_by_size)", configs),
     Option("--ar-args", "GPU_CHECK_AR_ARGS", "--ce-sweep",
            "stage arbench: flags of pyllama_so.bench.allreduce, e.g. \"--sizes 2K,8K,32K,128K --paths ll,internal\" "
            "for a decode's reductions", words),

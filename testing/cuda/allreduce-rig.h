@@ -2,7 +2,7 @@
 
 // The test harness's AllReduce rig (allreduce-ce-bench.cu, library pyllama-so-allreduce-rig, CUDA builds only):
 // reductions of host data and timings through a fresh CUDA comm context on two devices, without a model. Used
-// by tests/test_allreduce_ce.py and by the AllReduce benchmark (python -m pyllama_so.bench.allreduce) through
+// by tests/multi_device/test_allreduce_ce.py and by the AllReduce benchmark (python -m pyllama_so.bench.allreduce) through
 // pyllama_so.bench.allreduce_rig; the shipped libraries carry none of it. Every struct starts with `size`,
 // which the caller sets to sizeof(struct); a mismatch is refused, not misread.
 

@@ -1,5 +1,5 @@
 """The AllReduce rig: reductions of host data and timings through a fresh CUDA comm context on two devices,
-without a model, for ``python -m pyllama_so.bench.allreduce`` and tests/test_allreduce_ce.py.
+without a model, for ``python -m pyllama_so.bench.allreduce`` and tests/multi_device/test_allreduce_ce.py.
 
 Its kernels and entries live in libpyllama-so-allreduce-rig (testing/cuda/allreduce-ce-bench.cu), a library
 of its own next to this module, linked against ggml-cuda and built in CUDA builds only; the shipped
