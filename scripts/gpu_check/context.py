@@ -31,6 +31,11 @@ def nccl_wheel(run: Runner, python: str) -> Path | None:
     return Path(out.strip()) if out and out.strip() else None
 
 
+def carried_wheels(repo: Path) -> list[Path]:
+    """The wheels carried in REPO/.whl (git-ignored), for packages the GPU machine lacks."""
+    return sorted((repo / ".whl").glob("*.whl"))
+
+
 class Context:
     """One check's shared state, and the commands and files its stages have in common."""
 
@@ -53,7 +58,7 @@ class Context:
 
     def prepare(self) -> None:
         """Wheels the machine lacks, the GPUs it has, the NCCL folder the CUDA build links."""
-        wheels = sorted((self.repo / ".whl").glob("*.whl"))
+        wheels = carried_wheels(self.repo)
         if wheels:
             self._install_wheels(wheels)
         gpus = gpu_list(self.run)

@@ -34,8 +34,10 @@ def parse(environ: Mapping[str, str], *argv: str) -> argparse.Namespace:
 
 @pytest.fixture
 def machine(monkeypatch: pytest.MonkeyPatch) -> Machine:
-    """The machine a check sees: its GPUs and the NCCL wheel."""
+    """The machine a check sees: its GPUs and the NCCL wheel, and no wheels carried (whatever this checkout's
+    .whl holds)."""
     def set_machine(n_gpus: int, nccl: Path | None) -> None:
+        monkeypatch.setattr(context, "carried_wheels", lambda repo: [])
         monkeypatch.setattr(context, "gpu_list", lambda run: [f"{i}, NVIDIA H200, 143771 MiB" for i in range(n_gpus)])
         monkeypatch.setattr(context, "nccl_wheel", lambda run, python: nccl)
     return set_machine
