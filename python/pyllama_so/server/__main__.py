@@ -22,8 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from pyllama_so import _llama
-from pyllama_so import args as A
+from pyllama_so import _llama, args as A
 from pyllama_so.config import ContextParams, ModelParams, create_context, load_model
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.server.cors import cors_options
