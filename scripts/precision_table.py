@@ -82,7 +82,7 @@ def perplexity(model: str, env: dict[str, str], flags: list[str], common: list[s
     cmd = [sys.executable, "-m", "pyllama_so.perplexity", "-m", model, *common, *flags,
            "--kl-divergence-base", str(base), "-o", "json"] + (["--kl-divergence"] if compare else [])
     run_env = {k: v for k, v in os.environ.items() if k not in _ROW_VARS and not k.startswith("LLAMA_ARG_")}
-    res = subprocess.run(cmd, env={**run_env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    res = subprocess.run(cmd, env={**run_env, **env}, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout)
