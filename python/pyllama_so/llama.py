@@ -201,7 +201,7 @@ class Llama:
         return dict(self._init_args)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)  # type: ignore[misc]
+        type(self).__init__(self, **state)
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str, additional_files: Sequence[str] | None = None,

@@ -57,7 +57,8 @@ async def collect_all(runs: Sequence[Run], request: Request) -> list[tuple[str, 
         results = await asyncio.gather(*(run.collect(request) for run in runs))
     finally:
         cancel_all(runs)
-    return None if any(r is None for r in results) else results  # type: ignore[return-value]
+    done = [r for r in results if r is not None]
+    return done if len(done) == len(results) else None
 
 
 async def merged(runs: Sequence[Run]) -> AsyncIterator[tuple[int, Event]]:
