@@ -38,6 +38,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,7 +78,7 @@ def newest(paths: list[Path]) -> list[Path]:
     return sorted(p for p in paths if p.name[:10] == date)
 
 
-def pp2048_rows(jsonl_paths: list[Path]) -> Iterator[dict]:
+def pp2048_rows(jsonl_paths: list[Path]) -> Iterator[dict[str, Any]]:
     """The pp2048 results (prompt only, no generation) of bench JSONL files, in order."""
     for p in jsonl_paths:
         for line in p.read_text().splitlines():

@@ -15,6 +15,7 @@ import argparse
 import gzip
 import json
 import sys
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,9 @@ def summarize(run: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"steps": len(run), "seconds": span, "between_steps_s": between,
                            "generated": sum(st["generating"] for st in run),
                            "prompt_tokens": sum(st["prompt_tokens"] for st in run)}
-    for kind, pick in (("generate_only", lambda st: st["prompt_tokens"] == 0),
-                       ("with_prompt", lambda st: st["prompt_tokens"] > 0)):
+    kinds: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
+        ("generate_only", lambda st: st["prompt_tokens"] == 0), ("with_prompt", lambda st: st["prompt_tokens"] > 0))
+    for kind, pick in kinds:
         sel = [st for st in run if pick(st)]
         if not sel:
             continue
