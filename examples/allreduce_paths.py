@@ -20,10 +20,9 @@ from __future__ import annotations
 import argparse
 import math
 
+from _setup import add_model_args, model_path, tensor_split_devices  # examples/_setup.py
 from pyllama_so import Llama, allreduce
 from pyllama_so.allreduce import AllReduceParams
-
-from _setup import add_model_args, model_path, tensor_split_devices  # examples/_setup.py
 
 SETTINGS: dict[str, bool | None] = {"auto": None, "forced": True}  # AllReduceParams(copy_engines=...)
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import argparse
 
-from pyllama_so import Llama
-
 from _setup import add_model_args, model_path, tensor_split_devices  # examples/_setup.py
+from pyllama_so import Llama
 
 DEFAULT_PROMPT = " ".join([
     "Tensor parallelism splits every weight matrix of a transformer across the GPUs, so that each GPU",

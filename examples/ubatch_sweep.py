@@ -18,10 +18,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from _setup import add_model_args, model_path, tensor_split_devices  # examples/_setup.py
 from pyllama_so import args as A
 from pyllama_so.bench import BenchParams, TestResult, run_benchmarks
-
-from _setup import add_model_args, model_path, tensor_split_devices  # examples/_setup.py
 
 
 def label(result: TestResult) -> str:

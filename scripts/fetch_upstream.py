@@ -26,24 +26,25 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 PIN_FILE = REPO / "cmake" / "upstream-pin.json"
 STAMP = ".pyllama_so-pin"
 
 
-def load_pin() -> dict:
+def load_pin() -> dict[str, Any]:
     return json.loads(PIN_FILE.read_text())
 
 
-def stamp_text(pin: dict) -> str:
+def stamp_text(pin: dict[str, Any]) -> str:
     """What an extracted tree records: the archive, the commit and which parts were taken, so that a
     tree extracted for another parts list is extracted again."""
     parts = hashlib.sha256(json.dumps(pin["include"]).encode()).hexdigest()[:16]
     return f"{pin['sdist_sha256']} {pin['commit']} parts={parts}\n"
 
 
-def is_current(dest: Path, pin: dict) -> bool:
+def is_current(dest: Path, pin: dict[str, Any]) -> bool:
     try:
         return (dest / STAMP).read_text() == stamp_text(pin)
     except OSError:
@@ -74,7 +75,7 @@ def pip_command() -> tuple[list[str], dict[str, str] | None]:
     sys.exit("fetch-upstream: pip is needed to download the pinned sdist")
 
 
-def download_sdist(pin: dict, cache: Path) -> Path:
+def download_sdist(pin: dict[str, Any], cache: Path) -> Path:
     name = f"{pin['package'].replace('-', '_')}-{pin['version']}.tar.gz"
     cached = cache / name
     if cached.exists() and sha256_of(cached) == pin["sdist_sha256"]:
@@ -110,7 +111,7 @@ def wanted(rel: str, patterns: list[str]) -> bool:
     return False
 
 
-def extract(sdist: Path, pin: dict, dest: Path) -> int:
+def extract(sdist: Path, pin: dict[str, Any], dest: Path) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="upstream-", dir=dest.parent))
     count = 0
     try:
@@ -139,7 +140,7 @@ MANIFEST = ".pyllama_so-source"
 PATCH_RECORD = ".pyllama-so-patches"  # cmake/apply-patches.cmake: the patches applied to the tree
 
 
-def copy_tree(src: Path, pin: dict, dest: Path) -> tuple[int, int]:
+def copy_tree(src: Path, pin: dict[str, Any], dest: Path) -> tuple[int, int]:
     """Mirror the wanted files of a local tree into dest; returns (files, files copied this time)."""
     if not (src / "include" / "llama.h").is_file():
         sys.exit(f"fetch-upstream: {src} is not a llama.cpp tree (no include/llama.h)")

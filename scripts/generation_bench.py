@@ -6,11 +6,12 @@
   decode       for each stream count S of --streams: S sequences of -p prompt tokens, then -n steps of one
                token per sequence through Context.decode_batch with no output (the raw batched decode rate),
                with an output row per sequence, computed and copied to the host but not read (the raw rate
-               with outputs: what a server step, which needs every row, cannot beat), through decode_batch_sample with one greedy chain per
-               sequence (what an output row costs: the output layer, the copy to the host, one pass over the
-               row), with one default-sampling chain per sequence (the server's step: every row sampled in
-               C), the same chains given every row whole (no candidate prefilter: Sampler(prefilter=False)),
-               and the same with the chains in the graph (backend sampling, where llama.cpp takes them);
+               with outputs: what a server step, which needs every row, cannot beat), through
+               decode_batch_sample with one greedy chain per sequence (what an output row costs: the output
+               layer, the copy to the host, one pass over the row), with one default-sampling chain per
+               sequence (the server's step: every row sampled in C), the same chains given every row whole
+               (no candidate prefilter: Sampler(prefilter=False)), and the same with the chains in the graph
+               (backend sampling, where llama.cpp takes them);
                --sampling-threads N,M,... repeats the sampled mode with that many threads sampling a step's
                rows;
   rows         ms per row of one sampler on random rows of the vocabulary's size (one thread), llama.cpp's
@@ -41,9 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from pyllama_so import Llama, _llama, config
-from pyllama_so import args as A
-from pyllama_so import synth
+from pyllama_so import Llama, _llama, args as A, config, synth
 from pyllama_so.sampling import SamplingParams
 
 DEFAULT_SAMPLING = SamplingParams()  # llama.cpp's and llama-cpp-python's defaults
@@ -60,19 +59,28 @@ def completion_rates(llm: Llama, prompt: list[int], n_gen: int, reps: int) -> di
             t0 = time.perf_counter()
             out = llm.create_completion(prompt, max_tokens=n_gen, temperature=temp, seed=rep, logit_bias=ban)
             dt = time.perf_counter() - t0
+            assert isinstance(out, dict)  # not streamed
             made = out["usage"]["completion_tokens"]
             if rep:
                 rates[name].append(made / dt)
-    res = {k: {"mean": statistics.fmean(v), "samples": v} for k, v in rates.items()}
+    res: dict[str, Any] = {k: {"mean": statistics.fmean(v), "samples": v} for k, v in rates.items()}
     res["ratio_default_over_greedy"] = res["default"]["mean"] / res["greedy"]["mean"]
     return res
+
+
+def sampled_tokens(got: list[tuple[int, float | None, list[tuple[int, float]] | None] | None]) -> list[int]:
+    """The token of each item of a decode_batch_sample call whose items all have a sampler."""
+    toks = [g[0] for g in got if g is not None]
+    assert len(toks) == len(got), "an item without a sampler"
+    return toks
 
 
 def steps_rate(model: _llama.Model, ctx: _llama.Context, prompts: list[list[int]], n_gen: int,
                mode: str) -> tuple[float, bool, list[int]]:
     """t/s of n_gen steps of one token per prompt's sequence, after the prompts: "raw" (decode_batch, no
-    output), "outputs" (decode_batch with an output row per sequence, none read), "greedy" (decode_batch_sample, one greedy chain per sequence: the cost of an output row, its
-    copy to the host and a pass over it), "sampled" (one default-sampling chain per sequence), "whole" (the
+    output), "outputs" (decode_batch with an output row per sequence, none read), "greedy"
+    (decode_batch_sample, one greedy chain per sequence: the cost of an output row, its copy to the host and a
+    pass over it), "sampled" (one default-sampling chain per sequence), "whole" (the
     same chains given every row whole: Sampler(prefilter=False)) or "backend" (the default chains in the
     graph). Also whether every chain ran in the graph (backend mode), and the rows the candidate prefilter
     picked out and gave whole (Sampler.prefilter_rows, summed)."""
@@ -90,8 +98,9 @@ def steps_rate(model: _llama.Model, ctx: _llama.Context, prompts: list[list[int]
         if mode in ("raw", "outputs"):
             ctx.decode_batch([(s, [t], mode == "outputs") for s, t in enumerate(toks)])
         else:
-            got = ctx.decode_batch_sample([(s, [t], smp, None) for s, (t, smp) in enumerate(zip(toks, samplers))])
-            toks = [g[0] for g in got]
+            items = [(s, [t], smp, None) for s, (t, smp) in enumerate(zip(toks, samplers, strict=True))]
+            got = ctx.decode_batch_sample(items)
+            toks = sampled_tokens(got)
     ctx.synchronize()
     dt = time.perf_counter() - t0
     rows = [sum(smp.prefilter_rows[0] for smp in samplers), sum(smp.prefilter_rows[1] for smp in samplers)]
@@ -131,7 +140,8 @@ def row_costs(model: _llama.Model, n_rows: int = 64, reps: int = 5) -> dict[str,
     """ms per row of Sampler.sample_logits on random rows of the vocabulary's size, one thread: llama.cpp's
     default chain and a greedy one, each with the candidate prefilter and with every row whole."""
     rng = np.random.default_rng(4)
-    rows = [(rng.standard_normal(model.n_vocab) * sd).astype(np.float32) for sd in (0.5, 2.0) for _ in range(n_rows // 2)]
+    rows = [(rng.standard_normal(model.n_vocab) * sd).astype(np.float32)
+            for sd in (0.5, 2.0) for _ in range(n_rows // 2)]
     out: dict[str, float] = {}
     for name, params in (("default", DEFAULT_SAMPLING), ("greedy", replace(DEFAULT_SAMPLING, temperature=0.0))):
         for prefilter in (True, False):
@@ -143,7 +153,8 @@ def row_costs(model: _llama.Model, n_rows: int = 64, reps: int = 5) -> dict[str,
                 for _ in range(reps):
                     for row in rows:
                         smp.sample_logits(row)
-                out[f"{name}_{'prefilter' if prefilter else 'whole'}"] = (time.perf_counter() - t0) * 1e3 / (reps * len(rows))
+                ms = (time.perf_counter() - t0) * 1e3 / (reps * len(rows))
+                out[f"{name}_{'prefilter' if prefilter else 'whole'}"] = ms
             finally:
                 smp.free()
     return out
@@ -178,13 +189,16 @@ def workload_rate(model: _llama.Model, ctx: _llama.Context, n_streams: int, n_re
         for first in range(0, n_requests, n_streams):
             wave = range(min(n_streams, n_requests - first))
             ctx.clear()
-            samplers = [_llama.Sampler(model, replace(DEFAULT_SAMPLING, seed=first + s), n_ctx=ctx.n_ctx_seq) for s in wave]
+            samplers = [_llama.Sampler(model, replace(DEFAULT_SAMPLING, seed=first + s), n_ctx=ctx.n_ctx_seq)
+                        for s in wave]
             prompts = [rng.integers(0, model.n_vocab, n_prompt).tolist() for _ in wave]
-            got = ctx.decode_batch_sample([(s, p, smp, None) for s, (p, smp) in enumerate(zip(prompts, samplers))])
-            toks = [g[0] for g in got]
+            items = [(s, p, smp, None) for s, (p, smp) in enumerate(zip(prompts, samplers, strict=True))]
+            got = ctx.decode_batch_sample(items)
+            toks = sampled_tokens(got)
             for _ in range(n_gen - 1):
-                got = ctx.decode_batch_sample([(s, [t], smp, None) for s, (t, smp) in enumerate(zip(toks, samplers))])
-                toks = [g[0] for g in got]
+                items = [(s, [t], smp, None) for s, (t, smp) in enumerate(zip(toks, samplers, strict=True))]
+                got = ctx.decode_batch_sample(items)
+                toks = sampled_tokens(got)
             made += len(wave) * n_gen
             for smp in samplers:
                 smp.free()
@@ -276,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         c = results["completion"]
         print(f"| create_completion, {a.n_gen} tokens | greedy t/s | default sampling t/s | default / greedy |")
         print("|---|---:|---:|---:|")
-        print(f"| {path.name} | {c['greedy']['mean']:.1f} | {c['default']['mean']:.1f} | {c['ratio_default_over_greedy']:.3f} |")
+        print(f"| {path.name} | {c['greedy']['mean']:.1f} | {c['default']['mean']:.1f} "
+              f"| {c['ratio_default_over_greedy']:.3f} |")
         print()
     labels = {"raw": "raw decode t/s", "outputs": "raw with outputs t/s", "greedy": "greedy rows t/s",
               "sampled": "sampled in C t/s", "whole": "whole rows t/s", "backend": "backend sampling t/s"}

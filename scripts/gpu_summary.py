@@ -27,7 +27,8 @@ def main() -> int:
             test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
             sm = str(r["split_mode"]).replace("LLAMA_SPLIT_MODE_", "").lower()
             rows[(sm, test)][r["tool"]].append(r["avg_ts"])
-        print("\n| sm | test | upstream llama-bench t/s | pyllama_so.bench t/s | ours/upstream |\n|---|---|---:|---:|---:|")
+        print("\n| sm | test | upstream llama-bench t/s | pyllama_so.bench t/s | ours/upstream |"
+              "\n|---|---|---:|---:|---:|")
         for (sm, test), v in rows.items():
             up = sum(v["upstream"]) / len(v["upstream"]) if v.get("upstream") else None
             ours = sum(v["ours"]) / len(v["ours"]) if v.get("ours") else None
@@ -64,7 +65,7 @@ def main() -> int:
         if base:
             print("NCCL_P2P_DISABLE=1 time / copy-engine time:")
             for name in [n for n in res if (n.startswith("ce_") or n == "ce") and "us" in res[n]]:
-                print(f"  {name}: " + " ".join(f"{b / t:.2f}" for b, t in zip(base, res[name]["us"])))
+                print(f"  {name}: " + " ".join(f"{b / t:.2f}" for b, t in zip(base, res[name]["us"], strict=True)))
         for name, r in res.items():
             for key in ("error", "warning"):
                 if key in r:
@@ -88,7 +89,8 @@ def main() -> int:
         print("|---:|---|" + "---:|" * (len(tools) + len(others)))
         for (ub, test), v in sorted(runs.items()):
             mean = {t: (sum(v[t]) / len(v[t]) if v.get(t) else float("nan")) for t in tools}
-            cells = [f"{mean[t]:.1f}" for t in tools] + [f"{mean[t] / mean.get('nccl', float('nan')):.3f}" for t in others]
+            nccl = mean.get("nccl", float("nan"))
+            cells = [f"{mean[t]:.1f}" for t in tools] + [f"{mean[t] / nccl:.3f}" for t in others]
             print(f"| {ub} | {test} | " + " | ".join(cells) + " |")
     for name, title in (("sobench.jsonl", "split overlap, two CUDA devices on one GPU, copy engines forced"),
                         ("so2bench.jsonl", "split overlap, two GPUs, no peer access emulated, copy engines forced")):
@@ -103,7 +105,8 @@ def main() -> int:
             so = r.get("split_overlap") or {}
             host = r.get("host_ms_per_ubatch")
             print(f"| {r['tool']} | {r['n_ubatch']} | {test} | {r['avg_ts']:.1f} ± {r.get('stddev_ts', 0):.1f} | "
-                  f"{'' if host is None else f'{host:.2f}'} | {so.get('graph_builds', '')} | {so.get('ubatches', '')} |")
+                  f"{'' if host is None else f'{host:.2f}'} | {so.get('graph_builds', '')} "
+                  f"| {so.get('ubatches', '')} |")
     decode = out / "decode.jsonl"
     if decode.exists():
         print("\ndecode, no peer access emulated, copy engines forced: avg t/s ± stddev per round; host ms per token;"
@@ -127,15 +130,15 @@ def main() -> int:
     gen, load_json = out / "generation.json", out / "server-load.json"
     if gen.exists() and load_json.exists():
         # the servers' decoding while every stream generates, against the context's own steps of as many sequences
-        decode = {d["streams"]: d for d in json.loads(gen.read_text()).get("decode", [])}
-        rows = [r for r in json.loads(load_json.read_text()).get("runs", [])
-                if r.get("scenario") == "load" and r.get("concurrency") in decode]
-        if rows:
+        context_rates = {d["streams"]: d for d in json.loads(gen.read_text()).get("decode", [])}
+        load_runs = [r for r in json.loads(load_json.read_text()).get("runs", [])
+                     if r.get("scenario") == "load" and r.get("concurrency") in context_rates]
+        if load_runs:
             print("\nserver decoding while all C streams generate, against the context's decode of C sequences")
             print("| server | C | decode tok/s, all C | raw with outputs t/s | / raw with outputs | raw t/s | / raw |")
             print("|---|---:|---:|---:|---:|---:|---:|")
-            for r in rows:
-                d, tps = decode[r["concurrency"]], r.get("full_decode_tps")
+            for r in load_runs:
+                d, tps = context_rates[r["concurrency"]], r.get("full_decode_tps")
                 outs, raw = (d.get(m, {}).get("mean") for m in ("outputs", "raw"))
                 print(f"| {r['server']} | {r['concurrency']} | {'' if tps is None else f'{tps:.1f}'} | "
                       f"{'' if outs is None else f'{outs:.1f}'} | {_ratio(tps and outs and tps / outs)} | "

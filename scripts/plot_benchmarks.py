@@ -37,6 +37,8 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,7 +78,7 @@ def newest(paths: list[Path]) -> list[Path]:
     return sorted(p for p in paths if p.name[:10] == date)
 
 
-def pp2048_rows(jsonl_paths: list[Path]) -> Iterator[dict]:
+def pp2048_rows(jsonl_paths: list[Path]) -> Iterator[dict[str, Any]]:
     """The pp2048 results (prompt only, no generation) of bench JSONL files, in order."""
     for p in jsonl_paths:
         for line in p.read_text().splitlines():
@@ -90,7 +92,7 @@ def size_label(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
-def plot_allreduce(plt, report_path: Path, out: Path) -> Path:
+def plot_allreduce(plt: ModuleType, report_path: Path, out: Path) -> Path:
     rep = json.loads(report_path.read_text())
     sizes = rep["sizes"]
     res = rep["results"]
@@ -110,7 +112,7 @@ def plot_allreduce(plt, report_path: Path, out: Path) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     if "ce" in res and "nccl_nop2p" in res:
-        ratio = [b / t for b, t in zip(res["nccl_nop2p"]["us"], res["ce"]["us"])]
+        ratio = [b / t for b, t in zip(res["nccl_nop2p"]["us"], res["ce"]["us"], strict=True)]
         ax2.bar(range(len(sizes)), ratio, color=STYLE["ce"][1])
         for i, r in enumerate(ratio):
             ax2.text(i, r + 0.02, f"{r:.2f}", ha="center", fontsize=8)
@@ -128,7 +130,7 @@ def plot_allreduce(plt, report_path: Path, out: Path) -> Path:
     return path
 
 
-def plot_tensor_split(plt, jsonl_paths: list[Path], out: Path) -> Path:
+def plot_tensor_split(plt: ModuleType, jsonl_paths: list[Path], out: Path) -> Path:
     # (configuration, ubatch) -> avg_ts of each process
     runs: dict[tuple[str, int], list[float]] = defaultdict(list)
     for r in pp2048_rows(jsonl_paths):
@@ -156,7 +158,7 @@ def plot_tensor_split(plt, jsonl_paths: list[Path], out: Path) -> Path:
             means.append(statistics.mean(v))
             ax.scatter([x] * len(v), v, color="black", s=8, zorder=3)
         bars = ax.bar(xs, means, width=width * 0.95, color=colour, label=f"{label}, mean", alpha=0.85)
-        for bar, m in zip(bars, means):
+        for bar, m in zip(bars, means, strict=True):
             ax.text(bar.get_x() + bar.get_width() / 2, m * 0.5, f"{m:,.0f}", ha="center", rotation=90,
                     fontsize=8, color="white")
     if "nccl" in configs and "ce" in configs:
@@ -181,7 +183,7 @@ def plot_tensor_split(plt, jsonl_paths: list[Path], out: Path) -> Path:
     return path
 
 
-def plot_split_overlap(plt, jsonl_path: Path, out: Path) -> Path:
+def plot_split_overlap(plt: ModuleType, jsonl_path: Path, out: Path) -> Path:
     # configuration (the "tool" field: the bench flags) -> avg_ts of each process, in the run's order
     runs: dict[str, list[float]] = {}
     for r in pp2048_rows([jsonl_path]):
@@ -192,9 +194,9 @@ def plot_split_overlap(plt, jsonl_path: Path, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ys = range(len(configs))
     bars = ax.barh(ys, means, color=colours, alpha=0.85)
-    for y, c in zip(ys, configs):
+    for y, c in zip(ys, configs, strict=True):
         ax.scatter(runs[c], [y] * len(runs[c]), color="black", s=10, zorder=3)
-    for bar, m in zip(bars, means):
+    for bar, m in zip(bars, means, strict=True):
         ax.text(m * 0.02, bar.get_y() + bar.get_height() / 2, f"{m:,.0f}", va="center", fontsize=8, color="white")
     ax.set_yticks(list(ys), configs)
     ax.invert_yaxis()
@@ -208,7 +210,7 @@ def plot_split_overlap(plt, jsonl_path: Path, out: Path) -> Path:
     return path
 
 
-def plot_ubatch_sweep(plt, jsonl_path: Path, out: Path) -> Path:
+def plot_ubatch_sweep(plt: ModuleType, jsonl_path: Path, out: Path) -> Path:
     # configuration -> ubatch -> avg_ts of each process
     runs: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     model = ""
@@ -233,8 +235,8 @@ def plot_ubatch_sweep(plt, jsonl_path: Path, out: Path) -> Path:
     ax.set_ylim(0, max(max(v) for per in runs.values() for v in per.values()) * 1.15)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"scripts/so-matrix --ubatches ({jsonl_path.name}); lines: mean over processes, dots: one process each",
-                 fontsize=8, y=0.02)
+    fig.suptitle(f"scripts/so-matrix --ubatches ({jsonl_path.name}); lines: mean over processes, "
+                 "dots: one process each", fontsize=8, y=0.02)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     path = out / UBATCH_SWEEP_PNG
     fig.savefig(path, dpi=100)
@@ -244,7 +246,8 @@ def plot_ubatch_sweep(plt, jsonl_path: Path, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--raw", type=Path, default=REPO / "docs" / "bench-raw", help="raw results (default docs/bench-raw)")
+    ap.add_argument("--raw", type=Path, default=REPO / "docs" / "bench-raw",
+                    help="raw results (default docs/bench-raw)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "img", help="where the PNGs go (default docs/img)")
     args = ap.parse_args(argv)
 

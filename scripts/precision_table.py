@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # label -> (environment, perplexity flags); the first row of each set is the reference
 CPU_ROWS: dict[str, tuple[dict[str, str], list[str]]] = {
@@ -78,17 +79,17 @@ _ROW_VARS = {k for rows in ROWS.values() for env, _ in rows.values() for k in en
 
 
 def perplexity(model: str, env: dict[str, str], flags: list[str], common: list[str], base: Path,
-               compare: bool) -> dict:
+               compare: bool) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "pyllama_so.perplexity", "-m", model, *common, *flags,
            "--kl-divergence-base", str(base), "-o", "json"] + (["--kl-divergence"] if compare else [])
     run_env = {k: v for k, v in os.environ.items() if k not in _ROW_VARS and not k.startswith("LLAMA_ARG_")}
-    res = subprocess.run(cmd, env={**run_env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    res = subprocess.run(cmd, env={**run_env, **env}, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout)
 
 
-def table(records: list[dict]) -> str:
+def table(records: list[dict[str, Any]]) -> str:
     lines = ["| model | configuration | mean KLD | max KLD | 99 % KLD | same top | PPL | PPL / PPL(ref) | s |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in records:

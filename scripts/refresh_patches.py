@@ -67,7 +67,7 @@ def format_patches(tree: Path, names: list[str], out: Path) -> list[Path]:
     git(tree, "format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "-o", str(raw),
         f"{base}..HEAD")
     written = []
-    for src, name in zip(sorted(raw.glob("*.patch")), names):
+    for src, name in zip(sorted(raw.glob("*.patch")), names, strict=True):
         dst = out / name
         src.rename(dst)
         written.append(dst)
@@ -93,7 +93,7 @@ def main() -> int:
         out.mkdir()
         fresh = format_patches(tree, [p.name for p in patches], out)
         changed = []
-        for old, new in zip(patches, fresh):
+        for old, new in zip(patches, fresh, strict=True):
             if old.read_text() != new.read_text():
                 changed.append(old.name)
                 if a.check:
@@ -106,7 +106,8 @@ def main() -> int:
             shutil.copytree(tree, a.keep, symlinks=True)
             print(f"refresh-patches: the patched checkout is in {a.keep}")
     verb = "would change" if a.check else "rewrote"
-    print(f"refresh-patches: {verb} {len(changed)} of {len(patches)} patches" + (f": {', '.join(changed)}" if changed else ""))
+    listed = f": {', '.join(changed)}" if changed else ""
+    print(f"refresh-patches: {verb} {len(changed)} of {len(patches)} patches{listed}")
     return 1 if a.check and changed else 0
 
 

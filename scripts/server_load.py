@@ -48,6 +48,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +203,9 @@ def full_decode_rate(outcomes: list[Outcome], concurrency: int) -> dict[str, Any
 
 def summary_ms(seconds: list[float]) -> dict[str, Any]:
     ms = [1e3 * s for s in seconds]
-    r = (lambda x: None if x is None else round(x, 3))
+
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 3)
     return {"n": len(ms), "p50": r(percentile(ms, 50)), "p90": r(percentile(ms, 90)),
             "mean": r(sum(ms) / len(ms)) if ms else None}
 
@@ -249,7 +252,7 @@ class Outcome:
 
     def gaps(self, start: float = -math.inf, stop: float = math.inf) -> list[float]:
         """Inter-token latencies: the gaps between consecutive text chunks, those ending in [start, stop)."""
-        return [b - a for a, b in zip(self.chunks, self.chunks[1:]) if start <= b < stop]
+        return [b - a for a, b in pairwise(self.chunks) if start <= b < stop]
 
 
 def request_body(args: argparse.Namespace, prompt: list[int], max_tokens: int, index: int) -> dict[str, Any]:
@@ -425,7 +428,7 @@ async def run_mixed(url: str, args: argparse.Namespace, prompts: Prompts, concur
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
     await asyncio.sleep(0.5)  # the server notices the closed streams and frees their slots
-    gen_errors = [o for o in streams if o.error and o.error != CANCELLED]  # not the ones stopped at the end
+    gen_errors = [o.error for o in streams if o.error and o.error != CANCELLED]  # not the ones stopped at the end
     timed = [x for x in longs if x["prompt_ms"]]
     prompt_tps = (sum(x["prompt_n"] for x in timed) / sum(x["prompt_ms"] for x in timed) * 1e3) if timed else None
     return {"scenario": "mixed", "concurrency": concurrency, "prompt_tokens": args.prompt, "gen_tokens": args.gen,
@@ -435,7 +438,7 @@ async def run_mixed(url: str, args: argparse.Namespace, prompts: Prompts, concur
             "stream_requests": len(streams), "alone_s": round(t_long - t_alone, 4),
             "mixed_s": round(t_end - t_long, 4),
             "errors": len(gen_errors) + sum(not x["ok"] for x in longs),
-            "error_samples": sorted({o.error for o in gen_errors} | {x["error"] for x in longs if x["error"]})[:5]}
+            "error_samples": sorted({*gen_errors, *(x["error"] for x in longs if x["error"])})[:5]}
 
 
 # -- servers --
@@ -503,7 +506,8 @@ async def run_server(name: str, url: str, args: argparse.Namespace) -> list[dict
     if args.warmup:
         async with client(url, 1, args.timeout) as http:
             for i in range(args.warmup):
-                warm = await stream_completion(http, request_body(args, prompts.make(args.prompt), min(args.gen, 8), -1 - i))
+                body = request_body(args, prompts.make(args.prompt), min(args.gen, 8), -1 - i)
+                warm = await stream_completion(http, body)
                 if warm.error:
                     raise LoadError(f"the warm-up request failed: {warm.error}")
     # one generator for all the runs of a server, so that no prompt starts like an earlier one; the same
@@ -525,7 +529,8 @@ async def run_server(name: str, url: str, args: argparse.Namespace) -> list[dict
 def main() -> int:
     args = parse_args()
     report: dict[str, Any] = {
-        "tool": "scripts/server-load", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "tool": "scripts/server-load",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": commit(), "hardware": hardware(),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "servers": [], "runs": []}

@@ -13,7 +13,6 @@ import time
 import urllib.error
 import urllib.request
 
-
 OURS = [sys.executable, "-m", "pyllama_so.server"]
 
 

@@ -26,6 +26,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import TextIO
 
 from vram_peak import run_sampled  # scripts/vram_peak.py
 
@@ -40,11 +41,13 @@ CONFIGS: dict[str, tuple[dict[str, str], list[str]]] = {
     "tensor CE -ub 2048": ({**NO_P2P, "GGML_CUDA_AR_CE": "1"}, ["-sm", "tensor", "-so", "0", "-ub", "2048"]),
     "tensor CE -so 1 -ub 512": ({**NO_P2P, "GGML_CUDA_AR_CE": "1"}, ["-sm", "tensor", "-so", "1", "-ub", "512"]),
     "tensor CE -so 1 -ub 1024": ({**NO_P2P, "GGML_CUDA_AR_CE": "1"}, ["-sm", "tensor", "-so", "1", "-ub", "1024"]),
-    "tensor CE -so 1 -ub 1024 chunk 4 MiB": ({**NO_P2P, "GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_CHUNK_BYTES": "4194304"},
-                                              ["-sm", "tensor", "-so", "1", "-ub", "1024"]),
+    "tensor CE -so 1 -ub 1024 chunk 4 MiB": (
+        {**NO_P2P, "GGML_CUDA_AR_CE": "1", "GGML_CUDA_AR_CE_CHUNK_BYTES": "4194304"},
+        ["-sm", "tensor", "-so", "1", "-ub", "1024"]),
     "tensor CE -so 1 -ub 1024 one issue thread": ({**NO_P2P, "GGML_CUDA_AR_CE": "1", "GGML_META_LANES_THREADS": "0"},
                                                   ["-sm", "tensor", "-so", "1", "-ub", "1024"]),
-    "tensor NCCL no-P2P -so 1 -ub 1024": ({**NO_P2P, "GGML_CUDA_AR_CE": "0"}, ["-sm", "tensor", "-so", "1", "-ub", "1024"]),
+    "tensor NCCL no-P2P -so 1 -ub 1024": ({**NO_P2P, "GGML_CUDA_AR_CE": "0"},
+                                          ["-sm", "tensor", "-so", "1", "-ub", "1024"]),
     "nvlink tensor -ub 2048": ({}, ["-sm", "tensor", "-so", "0", "-ub", "2048"]),
     "nvlink tensor -so 1 -ub 1024": ({}, ["-sm", "tensor", "-so", "1", "-ub", "1024"]),
 }
@@ -70,7 +73,7 @@ def without_ubatch(label: str) -> tuple[str, dict[str, str], list[str]]:
     return base, env_extra, flags[:i] + flags[i + 2:]
 
 
-def run_one(model: Path, spec: str, label: str, rnd: int, args: argparse.Namespace, out) -> bool:
+def run_one(model: Path, spec: str, label: str, rnd: int, args: argparse.Namespace, out: TextIO) -> bool:
     env_extra, flags = CONFIGS[label]
     if args.ubatches:
         label, env_extra, flags = without_ubatch(label)
@@ -94,6 +97,12 @@ def run_one(model: Path, spec: str, label: str, rnd: int, args: argparse.Namespa
     return True
 
 
+def best(table: dict[tuple[str, str], list[float]], model: str, prefix: str) -> tuple[str, float] | None:
+    """The configuration starting with prefix that has the highest mean for model, and that mean."""
+    cands = {lab: statistics.mean(v) for (m, lab), v in table.items() if m == model and lab.startswith(prefix)}
+    return max(cands.items(), key=lambda kv: kv[1]) if cands else None
+
+
 def summary(path: Path) -> None:
     pp: dict[tuple[str, str], list[float]] = defaultdict(list)
     steady: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -110,26 +119,21 @@ def summary(path: Path) -> None:
             tg[key].append(r["avg_ts"])
     models = sorted({m for m, _ in pp})
     for m in models:
-        print(f"\n{m}: pp2048 t/s, mean over processes (n); repetitions 2+ in brackets; tg32; peak VRAM of the fuller GPU")
+        print(f"\n{m}: pp2048 t/s, mean over processes (n); repetitions 2+ in brackets; tg32; "
+              "peak VRAM of the fuller GPU")
         print("| config | n | pp2048 | [reps 2+] | tg32 | peak VRAM MiB |\n|---|---:|---:|---:|---:|---:|")
         order = {label: i for i, label in enumerate(CONFIGS)}
         for (mm, label), v in sorted(pp.items(), key=lambda kv: (order.get(kv[0][1], len(order)), kv[0][1])):
             if mm != m:
                 continue
             t = tg.get((m, label), [])
-            print(f"| {label} | {len(v)} | {statistics.mean(v):.0f} | [{statistics.mean(steady[(m, label)]):.0f}] | "
-                  f"{statistics.mean(t):.1f} | {max(vram[(m, label)])} |" if t else
-                  f"| {label} | {len(v)} | {statistics.mean(v):.0f} | [{statistics.mean(steady[(m, label)]):.0f}] | | |")
-
-        def best(prefix: str, table: dict) -> tuple[str, float] | None:
-            cands = {lab: statistics.mean(v) for (mm, lab), v in table.items() if mm == m and lab.startswith(prefix)}
-            return max(cands.items(), key=lambda kv: kv[1]) if cands else None
-
+            head = f"| {label} | {len(v)} | {statistics.mean(v):.0f} | [{statistics.mean(steady[(m, label)]):.0f}] |"
+            print(f"{head} {statistics.mean(t):.1f} | {max(vram[(m, label)])} |" if t else f"{head} | |")
         for table, what in ((pp, "bench means"), (steady, "repetitions 2+")):
-            so = best("tensor CE -so 1", table)
+            so = best(table, m, "tensor CE -so 1")
             for name, prefix in (("best -sm layer", "layer"), ("best NCCL no-P2P -so 0", "tensor NCCL no-P2P -ub"),
                                  ("best CE -so 0", "tensor CE -ub")):
-                other = best(prefix, table)
+                other = best(table, m, prefix)
                 if so and other:
                     print(f"{m} ({what}): best -so 1 ({so[0]}) / {name} ({other[0]}) = {so[1] / other[1]:.3f}")
 

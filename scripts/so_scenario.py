@@ -14,12 +14,19 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from vram_peak import format_peak, run_sampled  # scripts/vram_peak.py
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
-def worker(args: argparse.Namespace) -> dict:
+T = TypeVar("T")
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
     from pyllama_so import _llama
@@ -34,13 +41,13 @@ def worker(args: argparse.Namespace) -> dict:
     def tokens(n: int) -> list[int]:
         return [int(t) for t in rng.integers(1, vocab, n)]
 
-    def timed(fn):  # (result, seconds), the GPU work included
+    def timed(fn: Callable[[], T]) -> tuple[T, float]:  # (result, seconds), the GPU work included
         t0 = time.perf_counter()
         res = fn()
         ctx.synchronize()
         return res, time.perf_counter() - t0
 
-    def greedy(logits, seq_id: int) -> list[int]:
+    def greedy(logits: npt.NDArray[np.float32], seq_id: int) -> list[int]:
         out = []
         for _ in range(args.gen):
             tok = int(np.argmax(logits))
@@ -48,7 +55,7 @@ def worker(args: argparse.Namespace) -> dict:
             logits = ctx.decode([tok], seq_id=seq_id)[-1]
         return out
 
-    report: dict = {"so": args.so, "prefill_tps": {}, "tokens": {}}
+    report: dict[str, Any] = {"so": args.so, "prefill_tps": {}, "tokens": {}}
     prompt, cont = tokens(args.prompt), tokens(args.continuation)
     logits, s = timed(lambda: ctx.decode(prompt)[-1])
     report["prefill_tps"]["prompt"] = args.prompt / s

@@ -30,6 +30,7 @@ import gzip
 import sqlite3
 import sys
 from collections import defaultdict
+from itertools import pairwise
 from pathlib import Path
 
 COPY_KINDS = {1: "H2D", 2: "D2H", 8: "D2D", 10: "P2P"}  # CUPTI_ACTIVITY_MEMCPY_KIND
@@ -126,10 +127,11 @@ def top_kernels(kernels: list[Span], lo: int, hi: int, n: int) -> list[str]:
             total[name] += min(end, hi) - max(start, lo)
             count[name] += 1
     lines = []
-    for name in sorted(total, key=total.get, reverse=True)[:n]:
+    for name in sorted(total, key=total.__getitem__, reverse=True)[:n]:
         short = name if len(name) <= 70 else name[:67] + "..."
         lines.append(f"kernel {short}: {count[name]} calls, {total[name] / 1e6:.2f} ms "
-                     f"({100 * total[name] / (hi - lo):.1f} % of the window), {total[name] / count[name] / 1e3:.1f} µs each")
+                     f"({100 * total[name] / (hi - lo):.1f} % of the window), "
+                     f"{total[name] / count[name] / 1e3:.1f} µs each")
     return lines
 
 
@@ -145,7 +147,7 @@ def steps(kernels: list[Span], copies: list[Copy], lo: int, hi: int, min_bytes: 
     period = (ends[-1] - ends[0]) / n
     copy_ns = sum(c[1] - c[0] for c in big) / len(big)
     lines = [f"steps: {n} cut at D2H copies of >= {min_bytes} bytes: period {period / 1e6:.3f} ms "
-             f"({spread_ms([b - a for a, b in zip(ends, ends[1:])])}), "
+             f"({spread_ms([b - a for a, b in pairwise(ends)])}), "
              f"the copy {copy_ns / 1e6:.3f} ms ({sum(c[5] for c in big) / len(big) / 2**20:.1f} MiB)"]
     for dev in sorted({k[2] for k in kernels}):
         spans = sorted((k[0], k[1]) for k in kernels if k[2] == dev)
@@ -198,12 +200,14 @@ def merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("db", type=Path, help="nsys export --type sqlite output, or a tools/cupti-trace CSV (.csv, .csv.gz)")
+    ap.add_argument("db", type=Path,
+                    help="nsys export --type sqlite output, or a tools/cupti-trace CSV (.csv, .csv.gz)")
     ap.add_argument("-o", "--output", type=Path, help="PNG to write")
     ap.add_argument("--no-plot", action="store_true", help="print the summary only")
     ap.add_argument("--window-ms", type=float, default=40.0)
     ap.add_argument("--end-ms", type=float, default=None,
-                    help="window end, ms after the first kernel, or before the last one when negative (default: the last kernel)")
+                    help="window end, ms after the first kernel, or before the last one when negative "
+                         "(default: the last kernel)")
     ap.add_argument("--title", default="GPU timeline")
     ap.add_argument("--top-kernels", type=int, default=0, metavar="N",
                     help="also print the N kernels with the most time in the window")

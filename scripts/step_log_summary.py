@@ -15,6 +15,8 @@ import argparse
 import gzip
 import json
 import sys
+from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +37,13 @@ def runs_of(steps: list[dict[str, Any]], gap_s: float) -> list[list[dict[str, An
 
 def summarize(run: list[dict[str, Any]]) -> dict[str, Any]:
     span = run[-1]["t_start_s"] + run[-1]["ms"] / 1e3 - run[0]["t_start_s"]
-    between = sum(max(0.0, b["t_start_s"] - (a["t_start_s"] + a["ms"] / 1e3)) for a, b in zip(run, run[1:]))
+    between = sum(max(0.0, b["t_start_s"] - (a["t_start_s"] + a["ms"] / 1e3)) for a, b in pairwise(run))
     out: dict[str, Any] = {"steps": len(run), "seconds": span, "between_steps_s": between,
                            "generated": sum(st["generating"] for st in run),
                            "prompt_tokens": sum(st["prompt_tokens"] for st in run)}
-    for kind, pick in (("generate_only", lambda st: st["prompt_tokens"] == 0),
-                       ("with_prompt", lambda st: st["prompt_tokens"] > 0)):
+    kinds: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
+        ("generate_only", lambda st: st["prompt_tokens"] == 0), ("with_prompt", lambda st: st["prompt_tokens"] > 0))
+    for kind, pick in kinds:
         sel = [st for st in run if pick(st)]
         if not sel:
             continue
@@ -57,7 +60,8 @@ def table(runs: list[dict[str, Any]]) -> str:
             "| generating | prompt tokens a step | host / issue / stream / wait ms |",
             "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for i, r in enumerate(runs):
-        head = f"| {i} | {r['steps']} | {r['seconds']:.3f} | {r['generated']} | {r['prompt_tokens']} | {r['between_steps_s']:.3f}"
+        head = (f"| {i} | {r['steps']} | {r['seconds']:.3f} | {r['generated']} | {r['prompt_tokens']} "
+                f"| {r['between_steps_s']:.3f}")
         for kind in ("generate_only", "with_prompt"):
             k = r.get(kind)
             if k is None:
@@ -96,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("logs", type=Path, nargs="+", help="the server's --step-log files (.gz read as gzip)")
     ap.add_argument("--gap-s", type=float, default=0.5, help="idle seconds that end a run (default 0.5)")
-    ap.add_argument("--min-steps", type=int, default=20, help="runs of fewer steps (a warm-up) are left out (default 20)")
+    ap.add_argument("--min-steps", type=int, default=20,
+                    help="runs of fewer steps (a warm-up) are left out (default 20)")
     ap.add_argument("--json", type=Path, help="write the runs' numbers here (of the first log)")
     ap.add_argument("--plot", type=Path, metavar="PNG", help="draw each log's run --plot-run (needs matplotlib)")
     ap.add_argument("--plot-run", type=int, default=0, help="the run to draw, counted as in the table (default 0)")

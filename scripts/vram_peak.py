@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 
 def add_samples(peak: dict[int, int], lines: Iterable[str]) -> None:
@@ -54,7 +55,7 @@ class VramSampler:
         return dict(self.peak)
 
 
-def run_sampled(cmd: list[str], **kwargs: object) -> tuple[subprocess.CompletedProcess[str], dict[int, int]]:
+def run_sampled(cmd: list[str], **kwargs: Any) -> tuple[subprocess.CompletedProcess[str], dict[int, int]]:
     """subprocess.run(cmd, capture_output=True, text=True, **kwargs) and the peak VRAM per GPU meanwhile."""
     sampler = VramSampler()
     try:

@@ -11,7 +11,6 @@ from helpers.chat_prompts import CHAT_TEMPLATE
 from helpers.cuda_devices import cuda_device_count
 from helpers.paths import SCRIPTS
 from helpers.real_models import real_model
-
 from pyllama_so import synth
 
 # scripts/ holds modules (server_process, server_load, fetch_upstream, gpu_check, ...) that tests import by name

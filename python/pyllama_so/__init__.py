@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version as _pkg_version
+from typing import Any
 
 from pyllama_so._llama import (
     ContextFullError,
@@ -21,9 +22,9 @@ from pyllama_so._llama import (
     upstream_version,
 )
 from pyllama_so.cache import LlamaCache, LlamaRAMCache
+from pyllama_so.generation.hooks import LogitsProcessorList, StoppingCriteriaList
 from pyllama_so.grammar import LlamaGrammar
 from pyllama_so.llama import Llama, LlamaState
-from pyllama_so.generation.hooks import LogitsProcessorList, StoppingCriteriaList
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.tokenizer import LlamaTokenizer
 
@@ -61,7 +62,7 @@ __all__ = [
 ]
 
 
-def build_info() -> dict[str, object]:
+def build_info() -> dict[str, Any]:
     """What this build is: package version, upstream pin, compiled backends and visible devices."""
     from pyllama_so import _build_info
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 import pyllama_so
-from pyllama_so import _llama
-from pyllama_so import args as A
+from pyllama_so import _llama, args as A
 
 
-def _device_line(d: dict[str, object]) -> str:
+def _device_line(d: dict[str, Any]) -> str:
     mem = f", {int(d['memory_total']) / 2**30:.1f} GiB" if d["memory_total"] else ""
     return f"  {d['index']}: {d['name']} [{d['backend']}, {d['type']}] {d['description']}{mem}"
 

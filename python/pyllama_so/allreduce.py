@@ -29,8 +29,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pyllama_so import _llama
-from pyllama_so.config import (CHUNK_BYTES_RANGE, ENV_CE, ENV_CE_CHUNK_BYTES, ENV_CE_MIN_BYTES, ENV_LL_MAX_BYTES,
-                               LL_MAX_BYTES_LIMIT, AllReduceParams)
+from pyllama_so.config import (
+    CHUNK_BYTES_RANGE,
+    ENV_CE,
+    ENV_CE_CHUNK_BYTES,
+    ENV_CE_MIN_BYTES,
+    ENV_LL_MAX_BYTES,
+    LL_MAX_BYTES_LIMIT,
+    AllReduceParams,
+)
 
 __all__ = [
     "PATHS",

@@ -22,7 +22,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -138,7 +139,7 @@ def resolve(names: Sequence[str]) -> list[int]:
     return [index[n] for n in names]
 
 
-def _is_gpu(dev: dict) -> bool:
+def _is_gpu(dev: dict[str, Any]) -> bool:
     return dev["type"] in ("gpu", "igpu")  # callers have left the virtual CPU devices out
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from pyllama_so.generation.state import LlamaState
 from pyllama_so.generation.sequence import common_prefix
+from pyllama_so.generation.state import LlamaState
 
 
 class LlamaRAMCache:

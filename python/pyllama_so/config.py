@@ -32,7 +32,7 @@ import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from pyllama_so import _llama
 from pyllama_so._llama import TensorSplitOnlyError
@@ -48,7 +48,7 @@ __all__ = [
     "create_context",
 ]
 
-KvValue = Union[bool, int, float, str]
+KvValue = bool | int | float | str
 
 
 class ParamError(ValueError):
@@ -108,14 +108,14 @@ class ModelParams:
     """
 
     n_gpu_layers: int = -1
-    split_mode: str = "layer"
+    split_mode: str | int = "layer"
     main_gpu: int = 0
-    tensor_split: tuple[float, ...] | None = None
-    attn_split: tuple[float, ...] | None = None
-    rpc_servers: tuple[str, ...] | None = None
+    tensor_split: Sequence[float] | None = None
+    attn_split: Sequence[float] | None = None
+    rpc_servers: str | Sequence[str] | None = None
     use_mmap: bool = True
     vocab_only: bool = False
-    kv_overrides: tuple[tuple[str, KvValue], ...] | None = None
+    kv_overrides: Mapping[str, KvValue] | Sequence[tuple[str, KvValue]] | None = None
 
     def __post_init__(self) -> None:
         _int(self, "n_gpu_layers")
@@ -230,12 +230,12 @@ class ContextParams:
     n_seq_max: int = 1
     n_threads: int = -1
     n_threads_batch: int = -1
-    flash_attn: str = "auto"
-    type_k: str = "f16"
-    type_v: str = "f16"
+    flash_attn: str | bool | None = "auto"
+    type_k: str | int = "f16"
+    type_v: str | int = "f16"
     split_overlap: bool = False
     embeddings: bool = False
-    pooling_type: str = "unspecified"
+    pooling_type: str | int | None = "unspecified"
     kv_unified: bool = False
     offload_kqv: bool = True
     op_offload: bool = True
@@ -255,8 +255,7 @@ class ContextParams:
         if self.n_ubatch is None:
             _set(self, "n_ubatch", self.n_batch if self.embeddings
                  else _llama.default_n_ubatch(self.n_batch, self.split_overlap))
-        _int(self, "n_ubatch")
-        _llama.check_batch_sizes(self.n_batch, self.n_ubatch)
+        _llama.check_batch_sizes(self.n_batch, _int(self, "n_ubatch"))
         if self.n_seq_max < 1:
             raise ParamError("n_seq_max", f"n_seq_max must be >= 1, got {self.n_seq_max}")
         if self.allreduce is not None and not isinstance(self.allreduce, AllReduceParams):
@@ -289,6 +288,7 @@ def create_context(model: _llama.Model, params: ContextParams) -> _llama.Context
     if params.embeddings and params.pooling_type == "rank" and model.pooling_type != "rank":
         raise ValueError('pooling_type="rank" needs a reranking model (one whose GGUF pools with "rank" '
                          f"through a classifier head); this model pools with {model.pooling_type!r}")
+    assert params.n_ubatch is not None  # None given becomes the default in ContextParams.__post_init__
     return _llama.Context(model, n_ctx=params.n_ctx, n_batch=params.n_batch, n_ubatch=params.n_ubatch,
                           n_seq_max=params.n_seq_max, n_threads=params.n_threads,
                           n_threads_batch=params.n_threads_batch, flash_attn=params.flash_attn,

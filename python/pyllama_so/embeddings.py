@@ -13,16 +13,17 @@ from typing import Any
 import numpy as np
 
 from pyllama_so import _llama
+from pyllama_so.config import ModelParams
 
 # llama-server's embd_normalize: -1 none, 0 max absolute (int16 range), 1 taxicab, 2 Euclidean, > 2 p-norm
 EUCLIDEAN = 2
 
 
-def embedding_sequences(n_batch: int, split_mode: str) -> int:
+def embedding_sequences(n_batch: int, model: ModelParams) -> int:
     """The inputs one embedding batch may hold (an embedding context's n_seq_max). Under tensor split, one:
     the Meta backend reads an output tensor only from its start (GGML_ASSERT(offset == 0) in
     ggml-backend-meta.cpp), and a pooled sequence other than the first of a batch is read at an offset."""
-    return 1 if split_mode == "tensor" else min(n_batch, _llama.max_parallel_sequences())
+    return 1 if model.split_mode == "tensor" else min(n_batch, _llama.max_parallel_sequences())
 
 
 def batch_limit(ctx: _llama.Context) -> int:
@@ -78,7 +79,7 @@ def embed_tokens(ctx: _llama.Context, inputs: Sequence[Sequence[int]]) -> list[n
     ctx.set_embeddings(True)
     try:
         for batch in _batches(lengths, limit, ctx.n_seq_max):
-            for i, emb in zip(batch, _llama.embed_sequences(ctx, [list(inputs[i]) for i in batch])):
+            for i, emb in zip(batch, _llama.embed_sequences(ctx, [list(inputs[i]) for i in batch]), strict=True):
                 out[i] = emb
     finally:
         ctx.set_embeddings(False)

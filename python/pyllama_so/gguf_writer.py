@@ -78,7 +78,7 @@ def _value(v: object) -> bytes:
 
 
 def write_gguf(path: Path, metadata: dict[str, object], tensors: Sequence[TensorSpec],
-               write_data: Callable[[TensorSpec, BinaryIO], None],
+               write_data: Callable[[TensorSpec, BinaryIO], object],
                progress: Callable[[int, int], None] | None = None) -> None:
     """Write a GGUF file. write_data(spec, f) must write exactly spec.nbytes bytes."""
     kv = dict(metadata)

@@ -22,6 +22,9 @@ from typing import Any
 
 from pyllama_so import _llama
 
+# what a Sampler takes as a grammar: GBNF text, or a tool call's whole grammar spec (ToolCallGrammar.spec)
+GrammarSpec = str | dict[str, Any]
+
 
 class GrammarError(ValueError):
     """A grammar, JSON schema or response_format that cannot be used; param names the argument."""
@@ -69,7 +72,7 @@ class ToolCallGrammar(LlamaGrammar):
         self.spec = dict(spec)
 
 
-def grammar_text(grammar: str | LlamaGrammar | None) -> tuple[str | dict[str, Any] | None, str]:
+def grammar_text(grammar: str | LlamaGrammar | None) -> tuple[GrammarSpec | None, str]:
     """(GBNF text or None, root rule) of what a caller passed as grammar; a ToolCallGrammar's whole spec for
     the Sampler instead of its text."""
     if grammar is None:
@@ -116,10 +119,10 @@ def response_format_grammar(response_format: Mapping[str, Any] | None) -> str | 
 
 
 def resolve_grammar(grammar: str | LlamaGrammar | None = None, response_format: Mapping[str, Any] | None = None,
-                    json_schema: Mapping[str, Any] | None = None) -> tuple[str | None, str]:
+                    json_schema: Mapping[str, Any] | None = None) -> tuple[GrammarSpec | None, str]:
     """(GBNF text or None, root rule) of a request's grammar, JSON schema (llama-server's "json_schema"
     field) and response_format: at most one of them may constrain the output."""
-    found: list[tuple[str, tuple[str, str]]] = []
+    found: list[tuple[str, tuple[GrammarSpec, str]]] = []
     if grammar is not None:
         text, root = grammar_text(grammar)
         found.append(("grammar", (text or "", root)))

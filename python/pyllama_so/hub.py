@@ -9,13 +9,14 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 EXTRA = 'pip install "pyllama_so[hub]"'
 # llama.cpp's split files: NAME-00001-of-00003.gguf (gguf-split)
 _SHARD = re.compile(r"^(?P<stem>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
 
-def _hub():  # type: ignore[no-untyped-def]
+def _hub() -> ModuleType:
     try:
         import huggingface_hub
     except ImportError:
@@ -81,7 +82,7 @@ def download(repo_id: str, filename: str, *, additional_files: Sequence[str] | N
                   cache_dir=cache_dir, revision=revision)
 
 
-def _fetch(hub, repo_id: str, files: Sequence[str], filename: str, *,  # type: ignore[no-untyped-def]
+def _fetch(hub: ModuleType, repo_id: str, files: Sequence[str], filename: str, *,
            additional_files: Sequence[str] | None = None, local_dir: str | os.PathLike[str] | None = None,
            cache_dir: str | os.PathLike[str] | None = None, revision: str | None = None) -> Path:
     """Download the file of files matching filename, its other shards and additional_files; its local path."""

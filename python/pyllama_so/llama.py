@@ -17,12 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from pyllama_so import _llama
-from pyllama_so import chat_template as templates
+from pyllama_so import _llama, chat_template as templates
 from pyllama_so.allreduce import AllReduceRouting, context_routing
 from pyllama_so.chat_template import ChatTemplate
-from pyllama_so.config import (AllReduceParams, ContextParams, ModelParams, check_combination, create_context,
-                               load_model)
+from pyllama_so.config import AllReduceParams, ContextParams, ModelParams, check_combination, create_context, load_model
 from pyllama_so.embeddings import batch_limit, embed_tokens, embedding_inputs, embedding_lists, embedding_sequences
 from pyllama_so.generation import chat, completion, responses, sampler as chains, sequence, state as states
 from pyllama_so.generation.hooks import LogitsProcessor, StoppingCriteria
@@ -136,7 +134,7 @@ class Llama:
             n_threads_batch=n_threads_batch or cpus, flash_attn=flash_attn, type_k=type_k, type_v=type_v,
             split_overlap=split_overlap, embeddings=embedding, pooling_type=pooling_type,
             # embedding: one sequence per input of a batch, all sharing the KV cache (as llama-cpp-python)
-            n_seq_max=embedding_sequences(n_batch, model_params.split_mode) if embedding else 1,
+            n_seq_max=embedding_sequences(n_batch, model_params) if embedding else 1,
             kv_unified=embedding, allreduce=allreduce)
         check_combination(model_params, context_params)
         if chat_format is not None and chat_template is not None:
@@ -203,7 +201,7 @@ class Llama:
         return dict(self._init_args)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)  # type: ignore[misc]
+        type(self).__init__(self, **state)
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str, additional_files: Sequence[str] | None = None,

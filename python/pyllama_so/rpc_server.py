@@ -18,8 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from pyllama_so import _llama
-from pyllama_so import args as A
+from pyllama_so import _llama, args as A
 
 DEFAULT_PORT = 50052  # upstream's
 SERVER_NAME = "ggml-rpc-server"
@@ -38,7 +37,8 @@ def ipv4_address(text: str) -> str:
     try:
         return str(ipaddress.IPv4Address(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an IPv4 address such as 127.0.0.1 or 0.0.0.0, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected an IPv4 address such as 127.0.0.1 or 0.0.0.0, got {text!r}") from None
 
 
 def parser() -> argparse.ArgumentParser:

@@ -9,9 +9,9 @@ by temperature and mirostat; `temperature=0` ends the chain with greedy (argmax)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 

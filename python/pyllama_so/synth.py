@@ -186,8 +186,9 @@ class _RandomPool:
             start = int(self.rng.integers(0, (len(pool) - n) // unit + 1)) * unit
             piece = pool[start:start + n]
             if spec.name == "output.weight" and chunk:
-                piece = self._scaled(piece, spec.ggml_type, 1.0 + chunk / 512.0)
-            f.write(piece)
+                f.write(self._scaled(piece, spec.ggml_type, 1.0 + chunk / 512.0))
+            else:
+                f.write(piece)
             left -= n
             chunk += 1
 

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers.cuda_devices import two_cuda_gpus
 
+from helpers.cuda_devices import two_cuda_gpus
 from pyllama_so.bench import allreduce as ar
 
 two_gpus = two_cuda_gpus()
@@ -172,7 +172,8 @@ def test_gpu_cli_measures_every_path(tmp_path: Path) -> None:
         assert "error" not in results[path] and "warning" not in results[path], (path, results[path])
         assert len(results[path]["us"]) == 1 and results[path]["us"][0] > 0, (path, results[path])
     # a decode's sizes on the low-latency path and the internal pipeline
-    assert ar.main(["--sizes", "8K,32K", "--warmup", "1", "--iters", "3", "--paths", "ll,internal", "--json", str(out)]) == 0
+    assert ar.main(["--sizes", "8K,32K", "--warmup", "1", "--iters", "3", "--paths", "ll,internal",
+                    "--json", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"ceiling", "ll", "internal"}
     for path in ("ll", "internal"):

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.logits_reference import log_softmax
+from helpers.real_models import real_model
 from pyllama_so import _llama, synth
 from pyllama_so.perplexity import TEXT, Settings, run
 from pyllama_so.perplexity.base_file import BaseFile, scored_per_chunk
-from helpers.logits_reference import log_softmax
-from helpers.real_models import real_model
 
 N_CTX = 64
 TEXT_HEAD = TEXT.read_text(encoding="utf-8")[:6000]  # several chunks of 64 tokens of the tiny model
@@ -99,8 +99,8 @@ def test_kl_divergence_against_a_base_file(tiny_model: Path, other_tiny: Path, t
     got = run(Settings(model=str(other_tiny), **kw), base_in=base)
     tokens = base.tokens
     first = N_CTX // 2
-    full = np.concatenate([_kld_full(p[first:-1], q[first:-1]) for p, q in
-                           zip(_direct_logits(tiny_model, tokens, 2), _direct_logits(other_tiny, tokens, 2))])
+    pairs = zip(_direct_logits(tiny_model, tokens, 2), _direct_logits(other_tiny, tokens, 2), strict=True)
+    full = np.concatenate([_kld_full(p[first:-1], q[first:-1]) for p, q in pairs])
     assert got.comparison is not None
     if top_k >= 512:
         np.testing.assert_allclose(got.comparison.kld, full, rtol=1e-4, atol=1e-6)

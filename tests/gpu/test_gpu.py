@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers.cuda_devices import cuda_device_count
-
 import pyllama_so
+from helpers.cuda_devices import cuda_device_count
 from pyllama_so import Llama, _llama
 from pyllama_so.archs import nmse
 from pyllama_so.sampling import SamplingParams

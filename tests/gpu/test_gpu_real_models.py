@@ -2,10 +2,10 @@
 attn_split, with the default AllReduce and the copy engines forced, against one CUDA device (skipped without two
 CUDA devices; one GPU as two devices is enough: CUDA_VISIBLE_DEVICES=0 GGML_CUDA_DEVICES=2).
 
-Each configuration runs in a process of its own (tests/helpers/real_model_worker.py), so an abort fails that row only. The
-models are those of pyllama_so.models (their cache), or the GGUF files named by PYLLAMA_SO_GPU_MODELS (os.pathsep-
-separated: a GPU machine that receives at most 64 MiB per call gets smaller quantizations of them). The prompt is
-longer than Gemma 3's sliding window (512), so -ub 512 makes two ubatches and split overlap runs both lanes.
+Each configuration runs in a process of its own (tests/helpers/real_model_worker.py), so an abort fails that row
+only. The models are those of pyllama_so.models (their cache), or the GGUF files named by PYLLAMA_SO_GPU_MODELS
+(os.pathsep-separated: a GPU machine that receives at most 64 MiB per call gets smaller quantizations of them). The
+prompt is longer than Gemma 3's sliding window (512), so -ub 512 makes two ubatches and split overlap runs both lanes.
 
 Tolerances are test_real_models_split.py's: with quantized weights a split changes the order of sums, and one CUDA
 device against the F32-reduced split is already at KLD 3e-3 (docs/benchmarks.md, precision on one H200).
@@ -20,9 +20,19 @@ import numpy as np
 import pytest
 
 from helpers.cuda_devices import cuda_device_count
-from helpers.real_models import (COUNT, KLD_MAX, NMSE_MAX, SAME_TOP_MIN, Job, Result, kld, real_model, run_job,
-                                 same_top, text_tokens)
-
+from helpers.real_models import (
+    COUNT,
+    KLD_MAX,
+    NMSE_MAX,
+    SAME_TOP_MIN,
+    Job,
+    Result,
+    kld,
+    real_model,
+    run_job,
+    same_top,
+    text_tokens,
+)
 from pyllama_so import archs, models
 
 pytestmark = pytest.mark.gpu

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import numpy as np
 import openai
-from server_process import ServerProcess  # scripts/server_process.py, shared with scripts/server-scenario
 
 from pyllama_so import Llama
+from server_process import ServerProcess  # scripts/server_process.py, shared with scripts/server-scenario
 
 # The main server: 4 slots of 256 tokens; Llama with the same context, batch and ubatch is the reference.
 SLOT_CTX, N_BATCH, N_UBATCH = 256, 256, 32

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from pyllama_so import Llama
 from pyllama_so.cache import LlamaCache, LlamaRAMCache
 

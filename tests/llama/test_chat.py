@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from helpers.chat_prompts import CHAT_TEMPLATE, CHATML, MESSAGES, RENDERED, SMOLLM2_PROMPT, SMOLLM2_QUESTION
-from pyllama_so import Llama, _llama
-from pyllama_so import chat_template as ct
+from pyllama_so import Llama, _llama, chat_template as ct
 from pyllama_so.generation.responses import chat_logprobs
 
 
@@ -60,7 +60,8 @@ def test_template_variables(llm: Llama) -> None:
     tools = [{"type": "function", "function": {"name": "météo", "parameters": {"z": 1, "a": 2}}}]
     text = llm.chat_template.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
                                     add_generation_prompt=False, tools=tools)
-    assert text == ('<s><|tools|>[{"type": "function", "function": {"name": "météo", "parameters": {"z": 1, "a": 2}}}]\n'
+    assert text == ('<s><|tools|>[{"type": "function", "function": {"name": "météo", '
+                    '"parameters": {"z": 1, "a": 2}}}]\n'
                     "<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n")
     stamp = ct.JinjaTemplate("{{ strftime_now('%Y') }}-{{ flavour }}-{{ 'x' if tool_choice is none }}", name="t")
     assert stamp.render(MESSAGES, flavour="mint") == f"{datetime.date.today().year}-mint-x"
@@ -128,7 +129,8 @@ def test_the_templates_end_of_turn_stops_the_generation(chat_model: Path, llm: L
     marker = next(full[i:i + 2] for i in range(4, len(full) - 1) if full[i:i + 2].strip() == full[i:i + 2]
                   and full[i:i + 2].isprintable())
     template = CHAT_TEMPLATE.replace("{{ m['content'] }}{{ eos_token }}",
-                                     "{{ m['content'] }}{{ '" + marker + "' if m['role'] == 'assistant' else eos_token }}")
+                                     "{{ m['content'] }}{{ '" + marker
+                                     + "' if m['role'] == 'assistant' else eos_token }}")
     with Llama(chat_model, n_ctx=512, n_batch=128, n_threads=2, chat_template=template) as other:
         assert other.chat_template.stops == (marker, "</s>") and other.chat_template.render(MESSAGES) == RENDERED
         out = other.create_chat_completion(MESSAGES, max_tokens=32, temperature=0)
@@ -162,7 +164,8 @@ def test_sampling_grammar_and_logprobs_reach_the_generation(llm: Llama) -> None:
     """What create_completion takes, create_chat_completion hands on: a grammar constrains the answer,
     logit_bias forces a token, logprobs come in the chat shape."""
     for seed in range(3):
-        out = llm.create_chat_completion(MESSAGES, max_tokens=4, temperature=1.0, seed=seed, grammar='root ::= "yes" | "no"')
+        out = llm.create_chat_completion(MESSAGES, max_tokens=4, temperature=1.0, seed=seed,
+                                         grammar='root ::= "yes" | "no"')
         assert out["choices"][0]["message"]["content"] in ("yes", "no")
     out = llm.create_chat_completion(MESSAGES, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2)
     content = out["choices"][0]["logprobs"]["content"]
@@ -178,8 +181,10 @@ def test_completion_logprobs_in_the_chat_shape() -> None:
                          "top_logprobs": [{"a": -0.5, "x": -2.0}, {"b": -1.0}]})
     assert got == {"content": [
         {"token": "a", "logprob": -0.5, "bytes": None,
-         "top_logprobs": [{"token": "a", "logprob": -0.5, "bytes": None}, {"token": "x", "logprob": -2.0, "bytes": None}]},
-        {"token": "b", "logprob": -1.0, "bytes": None, "top_logprobs": [{"token": "b", "logprob": -1.0, "bytes": None}]},
+         "top_logprobs": [{"token": "a", "logprob": -0.5, "bytes": None},
+                          {"token": "x", "logprob": -2.0, "bytes": None}]},
+        {"token": "b", "logprob": -1.0, "bytes": None,
+         "top_logprobs": [{"token": "b", "logprob": -1.0, "bytes": None}]},
     ], "refusal": None}
     assert chat_logprobs(None) is None
 
@@ -223,7 +228,8 @@ def test_overrides_by_name_and_by_text(chat_model: Path, kw: dict[str, str], wan
     ({"chat_format": "chatmll"}, ValueError, r"chat_format=: unknown chat template name 'chatmll'.*chatml, "),
     ({"chat_template": "{% for m in messages %}"}, ValueError,
      r"the chat template given as chat_template= is not a valid Jinja template: .*endfor"),
-    ({"chat_format": "chat_template.tool_use"}, ValueError, r"tokenizer.chat_template.tool_use, which the model does not"),
+    ({"chat_format": "chat_template.tool_use"}, ValueError,
+     r"tokenizer.chat_template.tool_use, which the model does not"),
     ({"chat_format": "chatml", "chat_template": "chatml"}, ValueError, "not both"),
 ])
 def test_bad_overrides_fail_at_once(chat_model: Path, kw: dict[str, str], error: type, match: str) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from helpers.split_devices import virtual_devices
-
 from pyllama_so import Llama, _llama, allreduce, config
 from pyllama_so.bench.__main__ import main as bench_main
 from pyllama_so.config import ContextParams, ModelParams, ParamError, TensorSplitOnlyError

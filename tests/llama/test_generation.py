@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pyllama_so import Llama, _llama
 from pyllama_so.generation import limits, sequence
 from pyllama_so.generation.stream import CompletionStream
@@ -165,7 +166,8 @@ def test_llama_and_the_engine_stop_by_the_same_context_end_rule(llm: Llama, engi
     """A context-end rule that ends every sequence after 3 tokens ends Llama's generation and a server slot's at
     the same token, with finish reason "length"."""
     rule = limits.goes_on
-    monkeypatch.setattr(limits, "goes_on", lambda n, cached, max_tokens, n_ctx: n < 3 and rule(n, cached, max_tokens, n_ctx))
+    monkeypatch.setattr(limits, "goes_on",
+                        lambda n, cached, max_tokens, n_ctx: n < 3 and rule(n, cached, max_tokens, n_ctx))
     prompt = llm.tokenize(PROMPT)
     assert len(list(llm.generate(prompt, max_tokens=20, temperature=0, stop_on_eog=False))) == 3
     llm.reset()

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from pyllama_so import Llama, hub
 
 hf = pytest.importorskip("huggingface_hub")

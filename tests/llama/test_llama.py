@@ -150,9 +150,9 @@ def test_a_prompt_that_fills_the_context_is_a_value_error_as_in_llama_cpp_python
     tokens or more; ours is also a ContextFullError, and one token less generates one token."""
     with Llama(tiny_model, n_ctx=256) as llm:
         for n in (256, 257):
-            for call in (lambda: llm.create_completion([1] * n, max_tokens=4),
-                         lambda: llm.create_completion([1] * n, max_tokens=1, echo=True, logprobs=1),
-                         lambda: next(llm.generate([1] * n))):
+            for call in (lambda n=n: llm.create_completion([1] * n, max_tokens=4),
+                         lambda n=n: llm.create_completion([1] * n, max_tokens=1, echo=True, logprobs=1),
+                         lambda n=n: next(llm.generate([1] * n))):
                 with pytest.raises(ValueError, match=rf"Requested tokens \({n}\) exceed context window of 256"):
                     call()
         with pytest.raises(ContextFullError):

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from helpers.cuda_devices import cuda_device_count
-
 from pyllama_so import Llama, LlamaError, ModelLoadError, _llama, synth, testing
 from pyllama_so.archs import nmse
 from pyllama_so.embeddings import embed_tokens, normalize
@@ -73,7 +72,7 @@ def test_pooled_embeddings_pool_the_per_token_ones(tiny_model: Path, embedder: L
         assert llm.pooling_type() == code
         pooled = np.array(llm.embed(TEXTS))
     assert pooled.shape == (len(TEXTS), N_EMBD)
-    for h, p in zip(per_token, pooled):
+    for h, p in zip(per_token, pooled, strict=True):
         np.testing.assert_allclose(p, pick(h), **SAME)
 
 
@@ -257,8 +256,8 @@ def test_a_broken_state_is_an_error_and_the_llama_goes_on(tiny_model: Path) -> N
         llm.eval(tokens)
         state = llm.save_state()
         want = greedy(llm, tokens)
-        cut = LlamaState(state.input_ids, state.scores, state.n_tokens, state.llama_state[: len(state.llama_state) // 2],
-                         len(state.llama_state) // 2, state.seed)
+        half = len(state.llama_state) // 2
+        cut = LlamaState(state.input_ids, state.scores, state.n_tokens, state.llama_state[:half], half, state.seed)
         with pytest.raises(LlamaError, match="llama_state_set_data"):
             llm.load_state(cut)
         assert llm.n_tokens == 0
@@ -390,9 +389,9 @@ def test_scores_need_logits_all(tiny_model: Path) -> None:
     with Llama(tiny_model, n_ctx=256) as llm:
         llm.eval(llm.tokenize(PROMPT))
         with pytest.raises(RuntimeError, match="logits_all=True"):
-            llm.scores
+            _ = llm.scores
         with pytest.raises(RuntimeError, match="logits_all=True"):
-            llm.eval_logits
+            _ = llm.eval_logits
 
 
 def test_logits_all_rows_survive_save_and_load(tiny_model: Path) -> None:
@@ -559,4 +558,5 @@ def test_create_chat_completion_openai_v1_gives_the_openai_packages_types(tiny_m
         assert got.usage is not None and got.usage.completion_tokens == want["usage"]["completion_tokens"]
         chunks = list(llm.create_chat_completion_openai_v1(messages, max_tokens=5, temperature=0, stream=True))
         assert all(isinstance(c, openai_chat.ChatCompletionChunk) for c in chunks)
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want["choices"][0]["message"]["content"]
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == want["choices"][0]["message"]["content"]

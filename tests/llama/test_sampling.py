@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -170,7 +169,7 @@ def test_logprobs_equal_log_softmax_of_eval(llm: Llama) -> None:
     tokens = list(llm.generate(prompt, max_tokens=6, temperature=0, stop_on_eog=False))
     rows = generation_rows(llm, prompt, tokens)
     ctx = llm.context
-    for i, (tok, row) in enumerate(zip(tokens, rows)):
+    for i, (tok, row) in enumerate(zip(tokens, rows, strict=True)):
         ref = log_softmax(row)
         assert lp["token_logprobs"][i] == pytest.approx(ref[tok], abs=TOL)
         top = np.argsort(-ref, kind="stable")[:5]
@@ -231,7 +230,8 @@ def test_streamed_echo_logprobs_come_with_the_prompt(llm: Llama) -> None:
     whole = llm.create_completion(PROMPT, max_tokens=5, temperature=0, echo=True, logprobs=1)["choices"][0]
     chunks = list(llm.create_completion(PROMPT, max_tokens=5, temperature=0, echo=True, logprobs=1, stream=True))
     head = chunks[0]["choices"][0]
-    assert head["text"] == llm.detokenize(llm.tokenize(PROMPT)).decode() and head["logprobs"]["token_logprobs"][0] is None
+    assert head["text"] == llm.detokenize(llm.tokenize(PROMPT)).decode()
+    assert head["logprobs"]["token_logprobs"][0] is None
     streamed = [t for c in chunks if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["token_logprobs"]]
     assert streamed == whole["logprobs"]["token_logprobs"]
 
@@ -328,7 +328,7 @@ def test_a_freed_sampler_is_an_error_not_a_crash(llm: Llama) -> None:
     with pytest.raises(ValueError, match="freed"):
         s.sample(llm.context)
     with pytest.raises(ValueError, match="freed"):
-        s.members
+        _ = s.members
     llm.reset()
 
 
@@ -449,7 +449,8 @@ def test_sampling_threads_are_kept_between_steps_and_end_with_the_context(tiny_m
             ctx.clear()
             for n in counts:
                 ctx.sampling_threads = n
-                got = ctx.decode_batch_sample([(s, t, smp, None) for s, (t, smp) in enumerate(zip(toks, smps))])
+                got = ctx.decode_batch_sample([(s, t, smp, None)
+                                               for s, (t, smp) in enumerate(zip(toks, smps, strict=True))])
                 toks = [[g[0]] for g in got]
                 out.append([g[0] for g in got])
             for smp in smps:
@@ -476,7 +477,8 @@ def _sampled_steps(model: _llama.Model, samplers: list[_llama.Sampler], threads:
         toks = [[5, 6, 7], [8, 9], [10], [11, 12]]
         out = []
         for _ in range(n_steps):
-            got = ctx.decode_batch_sample([(s, t, smp, n_logprobs) for s, (t, smp) in enumerate(zip(toks, samplers))])
+            got = ctx.decode_batch_sample([(s, t, smp, n_logprobs)
+                                           for s, (t, smp) in enumerate(zip(toks, samplers, strict=True))])
             toks = [[g[0]] for g in got]
             out.append([(g[0], round(g[1], 5)) for g in got])
         return out
@@ -623,9 +625,10 @@ def test_prefiltered_step_rows_equal_whole_rows(tiny_model: Path, banned: bool) 
     try:
         runs = []
         for prefilter in (True, False):
-            samplers = [_llama.Sampler(model, SamplingParams(seed=s, temperature=0.0 if s == 3 else 0.8,
-                                                             logit_bias={2: float("-inf"), 40 + s: 3.0} if banned else None),
-                                       n_ctx=256, prefilter=prefilter) for s in range(4)]
+            samplers = [_llama.Sampler(model, SamplingParams(
+                seed=s, temperature=0.0 if s == 3 else 0.8,
+                logit_bias={2: float("-inf"), 40 + s: 3.0} if banned else None), n_ctx=256, prefilter=prefilter)
+                for s in range(4)]
             assert all((smp.prefilter_k > 0) == prefilter for smp in samplers)
             runs.append(_sampled_steps(model, samplers, 2, 16, 3))
         assert runs[0] == runs[1]

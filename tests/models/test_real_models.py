@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pyllama_so import Llama, models
 from helpers.real_models import real_model
+from pyllama_so import Llama, models
 
 # Prompts and answers: each prompt was tried by greedy decoding on the CPU and kept where the model's continuation
 # starts with the answer (pyllama_so at the commit of this file). Gemma 3 270M is a base model that continues

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyllama_so import Llama, synth
-from pyllama_so import testing
+from pyllama_so import Llama, synth, testing
 from pyllama_so._llama import FTYPES, QuantizeError, quantize_model
 from pyllama_so.gguf_writer import GGML_TYPES
 

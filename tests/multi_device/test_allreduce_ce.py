@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.cuda_devices import two_cuda_gpus
 
 import pyllama_so
-import pyllama_so.testing  # noqa: F401  installs the test-only switches (GGML_CUDA_AR_CE_FAIL_ALLOC)
+import pyllama_so.testing
+from helpers.cuda_devices import two_cuda_gpus
 from pyllama_so import Llama, allreduce
 from pyllama_so.bench import allreduce_rig
 
@@ -26,7 +26,8 @@ SLOT_ELEMS = 4 * 1024 * 1024 // 2  # one slot (the per-round buffer) in BF16 ele
 MIN_BYTES_DEFAULT = 512 * 1024
 
 KNOBS = (allreduce.ENV_ALLREDUCE, allreduce.ENV_CE, allreduce.ENV_CE_MIN_BYTES, allreduce.ENV_CE_CHUNK_BYTES,
-         "GGML_CUDA_AR_CE_FAIL_ALLOC", "GGML_CUDA_AR_HOST_WAIT", allreduce.ENV_LL_MAX_BYTES, "GGML_CUDA_AR_BF16_THRESHOLD")
+         "GGML_CUDA_AR_CE_FAIL_ALLOC", "GGML_CUDA_AR_HOST_WAIT", allreduce.ENV_LL_MAX_BYTES,
+         "GGML_CUDA_AR_BF16_THRESHOLD")
 LL_MAX_BYTES_DEFAULT = 64 * 1024
 
 
@@ -240,7 +241,8 @@ def test_routing_by_size(knobs: pytest.MonkeyPatch) -> None:
     large = MIN_BYTES_DEFAULT // 4
     for n in (small, large):
         a0, a1 = special_data(n, 5), special_data(n, 6)
-        r0, r1 = allreduce_rig.allreduce_run(np.nan_to_num(a0, posinf=0, neginf=0), np.nan_to_num(a1, posinf=0, neginf=0))
+        r0, r1 = allreduce_rig.allreduce_run(np.nan_to_num(a0, posinf=0, neginf=0),
+                                             np.nan_to_num(a1, posinf=0, neginf=0))
         assert_same_on_both(r0, r1)
     st = allreduce.allreduce_stats()
     assert st.paths["ce"].calls == 1 and st.paths["ce"].bytes == 4 * large
@@ -345,7 +347,8 @@ def test_race_hunt_alternating_sizes(knobs: pytest.MonkeyPatch, n: int, n_alt: i
 @needs_two_gpus
 @pytest.mark.parametrize("host_wait", ["0", "1"])
 @pytest.mark.parametrize("n, n_alt, n_iter", [(4096, 0, 512), (4096, 1000, 256), (MIN_BYTES_DEFAULT // 4 - 4, 0, 24)])
-def test_race_hunt_internal_pipeline(knobs: pytest.MonkeyPatch, host_wait: str, n: int, n_alt: int, n_iter: int) -> None:
+def test_race_hunt_internal_pipeline(knobs: pytest.MonkeyPatch, host_wait: str, n: int, n_alt: int,
+                                     n_iter: int) -> None:
     """A decode token's reductions: small ones back to back on the internal pipeline (below the copy engines'
     threshold), which reuses its two staging slots without waiting on the host (GGML_CUDA_AR_HOST_WAIT=1: with
     upstream's wait). Each must equal its own emulation (BF16 on the wire, summed in F32) bitwise."""

@@ -1,8 +1,8 @@
 """AllReduce settings per context (llama/include/pyllama-so-context-allreduce.h): each Llama hands its
 AllReduceParams to its own comm contexts through the C API, and llm.allreduce_routing() reads them back from
 there. This module checks the plumbing on two CPU virtual devices, whose comm context takes the settings and
-reports them (acting on none); tests/multi_device/test_allreduce_ce.py has the CUDA effect (each context's own counters show
-its own path)."""
+reports them (acting on none); tests/multi_device/test_allreduce_ce.py has the CUDA effect (each context's own
+counters show its own path)."""
 
 from __future__ import annotations
 

@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.split_devices import copy_engine_routing, cuda_device_pair, same_bits, virtual_devices
 from pyllama_so import Llama, _llama, args, testing
 from pyllama_so.archs import nmse
-from pyllama_so.bench.__main__ import main as bench_main
-from pyllama_so.bench.__main__ import parser as bench_parser
-from helpers.split_devices import copy_engine_routing, cuda_device_pair, same_bits, virtual_devices
+from pyllama_so.bench.__main__ import main as bench_main, parser as bench_parser
 
 MAKES_CPU_VIRTUAL_DEVICES = True  # conftest runs this module last
 

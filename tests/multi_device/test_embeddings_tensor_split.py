@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.cuda_devices import cuda_device_count
 
 import pyllama_so
+from helpers.cuda_devices import cuda_device_count
 from pyllama_so import Llama, archs, synth
 
 MAKES_CPU_VIRTUAL_DEVICES = True  # conftest runs this module last
@@ -32,7 +32,7 @@ def test_tensor_split_embeddings_equal_one_devices(tiny_model: Path, pooling: st
     with Llama(tiny_model, split_mode="tensor", tensor_split=split, **kw) as llm:  # type: ignore[arg-type]
         got = [np.array(e) for e in llm.embed(TEXTS)]
         assert llm.create_completion("hello", max_tokens=3, temperature=0)["usage"]["completion_tokens"] == 3
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         assert float(((g - w) ** 2).sum() / (w ** 2).sum()) < 1e-5
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from pyllama_so import _llama, archs, testing
 from helpers.split_devices import cuda_device_pair, same_bits
+from pyllama_so import archs, testing
 
 MAKES_CPU_VIRTUAL_DEVICES = True  # conftest runs this module last
 
@@ -76,7 +76,8 @@ def test_generic_allreduce_is_deterministic(monkeypatch: pytest.MonkeyPatch, poi
 @pytest.mark.gpu
 @pytest.mark.parametrize("split_overlap", [False, True], ids=["meta", "meta-so"])
 @pytest.mark.parametrize("mqa", [False, True], ids=["dense", "mqa"])
-def test_gpu_generic_allreduce_is_deterministic(monkeypatch: pytest.MonkeyPatch, mqa: bool, split_overlap: bool) -> None:
+def test_gpu_generic_allreduce_is_deterministic(monkeypatch: pytest.MonkeyPatch, mqa: bool,
+                                                split_overlap: bool) -> None:
     """The same on two CUDA devices with GGML_CUDA_ALLREDUCE=none (every reduction takes the generic path): its
     copies run on the source device's stream, so this also tells whether upstream's CUDA copy orders itself
     after the destination's queued ADD."""

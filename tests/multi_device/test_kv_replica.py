@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.split_devices import cuda_device_pair, same_bits, virtual_devices
 from pyllama_so import ModelLoadError, _llama, testing
 from pyllama_so.archs import nmse
-from helpers.split_devices import cuda_device_pair, same_bits, virtual_devices
 
 MAKES_CPU_VIRTUAL_DEVICES = True  # conftest runs this module last
 
@@ -73,7 +73,8 @@ def _split(arch: str, n_devices: int, attn_split=None) -> dict[str, tuple[str, l
 def test_mqa_variants() -> None:
     """The fixtures with an MQA variant: those of the default subset that have attention (qwen3's dense fixture
     is MQA already), the fused-QKV ones tested here; not the ones whose fused QKV ignores the KV head count."""
-    flags = {a: testing.arch_flags(a)["mqa"] for a in ("llama", "gemma3", "lfm2", "starcoder", "plamo3", "qwen3", "qwen")}
+    archs = ("llama", "gemma3", "lfm2", "starcoder", "plamo3", "qwen3", "qwen")
+    flags = {a: testing.arch_flags(a)["mqa"] for a in archs}
     assert flags == {"llama": True, "gemma3": True, "lfm2": True, "starcoder": True, "plamo3": True,
                      "qwen3": False, "qwen": False}
 

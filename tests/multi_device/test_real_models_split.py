@@ -1,9 +1,9 @@
 """Tensor split of the real models over CPU virtual devices against one device, with test-llama-archs's checks.
 
-Every configuration runs in a process of its own (tests/helpers/real_model_worker.py), so a split that llama.cpp cannot do
-(an abort) fails its test only. The prompt is the first N_TOKENS tokens of the bundled text (pyllama_so.perplexity's
-Alice), decoded as one batch in ubatches of 64 (split overlap then alternates 5 ubatches between its two lanes);
-the logits of the last N_OUT positions are compared with the CPU's at -ub 512.
+Every configuration runs in a process of its own (tests/helpers/real_model_worker.py), so a split that llama.cpp
+cannot do (an abort) fails its test only. The prompt is the first N_TOKENS tokens of the bundled text
+(pyllama_so.perplexity's Alice), decoded as one batch in ubatches of 64 (split overlap then alternates 5 ubatches
+between its two lanes); the logits of the last N_OUT positions are compared with the CPU's at -ub 512.
 
 Tolerances. With the quantized weights, tensor split changes the order of the F32 sums, and the CPU quantizes each
 matmul's activations to 8 bits in blocks of 32: a last-bit difference that moves one activation across a rounding
@@ -23,9 +23,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.real_models import (
+    COUNT,
+    KLD_MAX,
+    NMSE_MAX,
+    SAME_TOP_MIN,
+    Job,
+    Result,
+    kld,
+    real_model,
+    run_job,
+    same_top,
+    text_tokens,
+)
 from pyllama_so import _llama, archs, models
-from helpers.real_models import (COUNT, KLD_MAX, NMSE_MAX, SAME_TOP_MIN, Job, Result, kld, real_model, run_job,
-                                 same_top, text_tokens)
 
 MODELS = ("smollm2-135m", "gemma3-270m")
 N_TOKENS = 320

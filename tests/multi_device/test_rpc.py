@@ -53,7 +53,8 @@ class Server:
             except RPCConnectionError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"rpc_server on port {self.port} did not start:\n{self.log.read_text()}")
+                    output = self.log.read_text()
+                    raise RuntimeError(f"rpc_server on port {self.port} did not start:\n{output}") from None
                 time.sleep(0.05)
 
     def kill(self) -> None:
@@ -206,8 +207,8 @@ def test_the_openai_server_runs_on_the_servers(tiny_model: Path, servers: list[s
     pytest.importorskip("fastapi")
     with Llama(tiny_model, n_ctx=256) as llm:
         expected = llm.create_completion("Hello", max_tokens=8, temperature=0.0)["choices"][0]["text"]
-    proc = subprocess.Popen([sys.executable, "-m", "pyllama_so.server", "-m", str(tiny_model), "--port", "0", "-c", "256",
-                             "-np", "1", "--rpc", ",".join(servers)], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "pyllama_so.server", "-m", str(tiny_model), "--port", "0",
+                             "-c", "256", "-np", "1", "--rpc", ",".join(servers)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None

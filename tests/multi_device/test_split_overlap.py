@@ -11,13 +11,14 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pyllama_so import _llama, testing
 from helpers.split_devices import copy_engine_routing, cuda_device_pair, same_bits, virtual_devices
+from pyllama_so import _llama, testing
 
 MAKES_CPU_VIRTUAL_DEVICES = True  # conftest runs this module last
 
@@ -98,7 +99,7 @@ def test_alternation_carries_over_and_small_ubatches_stay_on_lane_0() -> None:
             before = ctx.split_overlap_stats()["ubatches"]
             ctx.decode(_TOKENS[64 * k:64 * (k + 1)])
             after = ctx.split_overlap_stats()["ubatches"]
-            lanes.append([b - a for a, b in zip(before, after)].index(1))
+            lanes.append([b - a for a, b in zip(before, after, strict=True)].index(1))
         assert lanes == [0, 1, 0, 1]
         ctx.clear(True)
         before = ctx.split_overlap_stats()
@@ -137,18 +138,18 @@ def test_the_ubatches_of_one_call_alternate_whatever_their_sizes() -> None:
             before = ctx.split_overlap_stats()["ubatches"]
             ctx.decode(_TOKENS[:n])
             after = ctx.split_overlap_stats()
-            got.append((n, [b - a for a, b in zip(before, after["ubatches"])], after["next_lane"]))
+            got.append((n, [b - a for a, b in zip(before, after["ubatches"], strict=True)], after["next_lane"]))
     finally:
         ctx.free()
         model.free()
     assert got == calls
 
 
-def _lane_ubatches(ctx: _llama.Context, decode) -> tuple[list[int], np.ndarray]:
+def _lane_ubatches(ctx: _llama.Context, decode: Callable[[_llama.Context], np.ndarray]) -> tuple[list[int], np.ndarray]:
     before = ctx.split_overlap_stats()["ubatches"]
-    logits = decode()
+    logits = decode(ctx)
     after = ctx.split_overlap_stats()["ubatches"]
-    return [b - a for a, b in zip(before, after)], logits
+    return [b - a for a, b in zip(before, after, strict=True)], logits
 
 
 def test_a_call_of_one_sequence_is_cut_into_equal_ubatches_for_both_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,10 +164,10 @@ def test_a_call_of_one_sequence_is_cut_into_equal_ubatches_for_both_lanes(monkey
             ctx = _llama.Context(model, n_ctx=512, n_batch=256, n_ubatch=n_ubatch, n_seq_max=2, split_overlap=so,
                                  n_threads=1)
             try:
-                lanes, one = _lane_ubatches(ctx, lambda: ctx.decode(_TOKENS[:256], all_logits=True))
+                lanes, one = _lane_ubatches(ctx, lambda c: c.decode(_TOKENS[:256], all_logits=True))
                 # two sequences of 100 tokens: split_equal at 96 gives 48 + 48 twice and 4 + 4
                 ctx.clear(True)
-                two, _ = _lane_ubatches(ctx, lambda: ctx.decode_batch(
+                two, _ = _lane_ubatches(ctx, lambda c: c.decode_batch(
                     [(0, _TOKENS[:100], True), (1, _TOKENS[100:200], True)]))
                 out[so, n_ubatch] = one
                 if so:
@@ -178,7 +179,7 @@ def test_a_call_of_one_sequence_is_cut_into_equal_ubatches_for_both_lanes(monkey
         monkeypatch.setenv("LLAMA_SPLIT_OVERLAP_EQUAL_UBATCHES", "0")  # llama.cpp's cut: 96, 96 and 64
         ctx = _llama.Context(model, n_ctx=512, n_batch=256, n_ubatch=96, split_overlap=True, n_threads=1)
         try:
-            assert _lane_ubatches(ctx, lambda: ctx.decode(_TOKENS[:256]))[0] == [2, 1]
+            assert _lane_ubatches(ctx, lambda c: c.decode(_TOKENS[:256]))[0] == [2, 1]
         finally:
             ctx.free()
     finally:

@@ -21,9 +21,9 @@ import time
 import numpy as np
 import pytest
 
+from helpers.split_devices import copy_engine_routing, cuda_device_pair, same_bits, virtual_devices
 from pyllama_so import _llama, testing
 from pyllama_so.sampling import SamplingParams
-from helpers.split_devices import copy_engine_routing, cuda_device_pair, same_bits, virtual_devices
 
 MAKES_CPU_VIRTUAL_DEVICES = True  # conftest runs this module last
 
@@ -105,7 +105,7 @@ def _serve(ctx: _llama.Context, model: _llama.Model, seeded: bool, on_step=None,
                 out.append(logits)
             if on_step is not None:
                 on_step(items, before, ctx.split_overlap_stats())
-            for (seq, toks, want), tok in zip(items, picked):
+            for (seq, toks, want), tok in zip(items, picked, strict=True):
                 s = slots[seq]
                 if s.pending:
                     del s.pending[:len(toks)]
@@ -145,7 +145,7 @@ def _run(arch: str, split_overlap: bool, seeded: bool, delays_us: tuple[int, int
 def _same(a: list, b: list, seeded: bool) -> bool:
     if seeded:  # tokens and log-probabilities (floats from the logits) compared exactly
         return a == b
-    return len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _is_mixed(items: list) -> bool:
@@ -177,8 +177,8 @@ def test_every_mixed_step_runs_on_both_lanes() -> None:
     steps = []
 
     def record(items, before, after):
-        steps.append((items, [b - a for a, b in zip(before["ubatches"], after["ubatches"])],
-                      [b - a for a, b in zip(before["graph_builds"], after["graph_builds"])]))
+        steps.append((items, [b - a for a, b in zip(before["ubatches"], after["ubatches"], strict=True)],
+                      [b - a for a, b in zip(before["graph_builds"], after["graph_builds"], strict=True)]))
 
     _run("llama", True, False, on_step=record)
     mixed = [(n, builds) for items, n, builds in steps if _is_mixed(items)]
@@ -196,7 +196,7 @@ def test_a_prompt_piece_of_two_ubatches_gives_each_lane_one() -> None:
     steps = []
 
     def record(items, before, after):
-        steps.append((items, [b - a for a, b in zip(before["ubatches"], after["ubatches"])]))
+        steps.append((items, [b - a for a, b in zip(before["ubatches"], after["ubatches"], strict=True)]))
 
     off, _ = _run("llama", False, False, chunk=2 * N_UBATCH)
     on, _ = _run("llama", True, False, delays_us=(2000, 0), on_step=record, chunk=2 * N_UBATCH)
@@ -258,11 +258,11 @@ def test_a_mixed_step_does_not_wait_on_the_host_for_its_first_ubatch() -> None:
             host_s.append(time.perf_counter() - t0)
             ctx.synchronize()
             sync_s.append(time.perf_counter() - t0 - host_s[-1])
-            lanes.append([b - a for a, b in zip(before, ctx.split_overlap_stats()["ubatches"])])
+            lanes.append([b - a for a, b in zip(before, ctx.split_overlap_stats()["ubatches"], strict=True)])
     finally:
         ctx.free()
         model.free()
-    assert all(h < s for h, s in zip(host_s, sync_s)), (host_s, sync_s, lanes)
+    assert all(h < s for h, s in zip(host_s, sync_s, strict=True)), (host_s, sync_s, lanes)
     assert lanes == [[1, 1]] * 3
 
 
@@ -359,6 +359,7 @@ def test_chained_engine_steps_equal_separate_ones_under_split_overlap(arch: str)
     """The engine's chained steps (decode_batch_sample_chain) over two CPU virtual devices with -so 1 and a slow
     lane 0 give every request the tokens of steps begun and ended apart with -so 0, greedy and seeded."""
     want = _engine_tokens(arch, False, False)
-    assert all(toks[-1] == "length" and len(toks) == a.n_gen + 1 for a, toks in zip(SCHEDULE, want.values()))
+    assert all(toks[-1] == "length" and len(toks) == a.n_gen + 1
+               for a, toks in zip(SCHEDULE, want.values(), strict=True))
     assert _engine_tokens(arch, True, True, (3000, 0)) == want
     assert _engine_tokens(arch, True, False, (3000, 0)) == want

@@ -9,11 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import fetch_upstream  # scripts/fetch_upstream.py (tests/conftest.py puts scripts/ on the path)
 import pytest
 
-from helpers.paths import REPO
+import fetch_upstream  # scripts/fetch_upstream.py (tests/conftest.py puts scripts/ on the path)
 import pyllama_so
+from helpers.paths import REPO
 
 PIN = json.loads((REPO / "cmake" / "upstream-pin.json").read_text())
 
@@ -81,7 +81,8 @@ def test_fetch_extracts_again_for_another_parts_list(tmp_path: Path) -> None:
     tree = tmp_path / "llama.cpp"
     tree.mkdir()
     assert not fetch_upstream.is_current(tree, pin)
-    (tree / fetch_upstream.STAMP).write_text(f"{pin['sdist_sha256']} {pin['commit']}\n")  # a tree without the parts list
+    # a tree without the parts list
+    (tree / fetch_upstream.STAMP).write_text(f"{pin['sdist_sha256']} {pin['commit']}\n")
     assert not fetch_upstream.is_current(tree, pin)
     (tree / fetch_upstream.STAMP).write_text(fetch_upstream.stamp_text(pin))
     assert fetch_upstream.is_current(tree, pin)

@@ -6,8 +6,8 @@ import re
 import subprocess
 
 import pytest
-from helpers.paths import REPO
 
+from helpers.paths import REPO
 
 # CommonMark: a fence is three or more backticks or tildes; a backtick fence's info string has no backtick
 _OPENING = re.compile(r"^\s*(?P<fence>`{3,}|~{3,})(?P<info>.*)$")

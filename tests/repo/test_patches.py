@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers.paths import REPO, SCRIPTS
 
 PATCHES = sorted((REPO / "patches").glob("[0-9][0-9][0-9][0-9]-*.patch"))

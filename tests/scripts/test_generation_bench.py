@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
 from helpers.paths import REPO
 
 SCRIPT = REPO / "scripts" / "generation-bench"

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+
 from gpu_check import context
 from gpu_check.benches import best_ce_variant, so_runs
 from gpu_check.main import main

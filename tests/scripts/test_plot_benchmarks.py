@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers.paths import REPO
 
 SCRIPT = REPO / "scripts" / "plot-benchmarks"
@@ -16,8 +17,8 @@ EXPECTED = ("allreduce-time-vs-size.png", "tensor-split-pp2048-by-ubatch.png", "
 
 def test_plots_from_the_committed_raw_data(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    res = subprocess.run([sys.executable, str(SCRIPT), "--raw", str(REPO / "docs" / "bench-raw"), "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, str(SCRIPT), "--raw", str(REPO / "docs" / "bench-raw"),
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     for name in EXPECTED:
         png = tmp_path / name

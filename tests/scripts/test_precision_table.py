@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.split_devices import cuda_device_pair
 from helpers.paths import SCRIPTS
+from helpers.split_devices import cuda_device_pair
 
 SCRIPT = SCRIPTS / "precision-table"
 

@@ -11,11 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_load import (  # scripts/server_load.py (tests/conftest.py puts scripts/ on the path)
-    Outcome, Prompts, find_llama_server, full_decode_rate, parse_args, percentile, request_body)
 
 from helpers.paths import SCRIPTS
 from pyllama_so.server.settings import FINGERPRINT
+from server_load import (  # scripts/server_load.py (tests/conftest.py puts scripts/ on the path)
+    Outcome,
+    Prompts,
+    find_llama_server,
+    full_decode_rate,
+    parse_args,
+    percentile,
+    request_body,
+)
 
 SCRIPT = SCRIPTS / "server-load"
 # 3 slots of 512 tokens: the mixed scenario's two streams and a long prompt
@@ -79,7 +86,8 @@ def test_load_and_mixed_against_our_server(tiny_model: Path, tmp_path: Path) -> 
             continue
         assert MIXED_FIELDS <= r.keys() and r["errors"] == 0, r
         # each long prompt evaluated whole (no prefix of it in any slot), at the server's own count
-        assert [(p["tokens"], p["prompt_n"], p["ok"]) for p in r["long_prompts"]] == [(300, 300, True), (200, 200, True)]
+        assert ([(p["tokens"], p["prompt_n"], p["ok"]) for p in r["long_prompts"]]
+                == [(300, 300, True), (200, 200, True)])
         assert all(p["prompt_tps"] > 0 and p["latency_ms"] >= p["prompt_ms"] for p in r["long_prompts"])
         total_ms = sum(p["prompt_ms"] for p in r["long_prompts"])
         assert r["prompt_tps"] == pytest.approx(500 / total_ms * 1e3, rel=1e-3)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
 from helpers.paths import REPO
 
 SCRIPT = REPO / "scripts" / "so-matrix"
@@ -43,7 +44,8 @@ def test_ubatch_sweep_runs_each_configuration_once_with_every_ubatch(tmp_path: P
     pp = [json.loads(line) for line in (tmp_path / "somatrix.jsonl").read_text().splitlines()]
     pp = [r for r in pp if r["n_prompt"]]
     # the two layer configurations differ only in -ub: one process for both
-    assert [r["tool"] for r in pp] == ["layer -ub 64", "layer -ub 128", "tensor CE -so 1 -ub 64", "tensor CE -so 1 -ub 128"]
+    assert [r["tool"] for r in pp] == ["layer -ub 64", "layer -ub 128",
+                                       "tensor CE -so 1 -ub 64", "tensor CE -so 1 -ub 128"]
     assert [r["n_ubatch"] for r in pp] == [64, 128, 64, 128]
     assert "best -so 1 (tensor CE -so 1 -ub " in res.stdout
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
 from helpers.paths import SCRIPTS
 
 SCRIPT = SCRIPTS / "so-scenario"
@@ -15,8 +16,9 @@ SCRIPT = SCRIPTS / "so-scenario"
 def test_split_overlap_gives_the_same_greedy_tokens(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "scenario.json"
     env = dict(os.environ, GGML_CPU_VIRTUAL_DEVICES="2")
-    res = subprocess.run([sys.executable, str(SCRIPT), "-m", str(tiny_model), "--prompt", "300", "--continuation", "100",
-                          "--pair", "150", "--gen", "4", "-b", "128", "-ub", "64", "--json", str(out)],
+    res = subprocess.run([sys.executable, str(SCRIPT), "-m", str(tiny_model), "--prompt", "300",
+                          "--continuation", "100", "--pair", "150", "--gen", "4", "-b", "128", "-ub", "64",
+                          "--json", str(out)],
                          env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "greedy tokens: identical" in res.stdout

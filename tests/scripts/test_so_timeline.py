@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers.paths import SCRIPTS
 
 SCRIPT = SCRIPTS / "so-timeline"
@@ -17,14 +18,18 @@ def _export(path: Path) -> None:
     con = sqlite3.connect(path)
     con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
     con.execute("INSERT INTO StringIds VALUES (1, 'mul_mat')")
-    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, deviceId INT, streamId INT, shortName INT)")
-    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_MEMCPY (start INT, end INT, deviceId INT, streamId INT, copyKind INT)")
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL "
+                "(start INT, end INT, deviceId INT, streamId INT, shortName INT)")
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_MEMCPY "
+                "(start INT, end INT, deviceId INT, streamId INT, copyKind INT)")
     for lane, stream in enumerate((13, 21)):  # two lanes' streams on each of two devices, overlapping in time
         for dev in (0, 1):
             for k in range(20):
                 t = k * 2_000_000 + lane * 1_000_000
-                con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?, 1)", (t, t + 900_000, dev, stream))
-                con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (?, ?, ?, ?, 2)", (t + 900_000, t + 1_000_000, dev, stream + 1))
+                con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?, 1)",
+                            (t, t + 900_000, dev, stream))
+                con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (?, ?, ?, ?, 2)",
+                            (t + 900_000, t + 1_000_000, dev, stream + 1))
     con.commit()
     con.close()
 
@@ -65,16 +70,16 @@ def _cupti_csv(path: Path) -> None:
 def test_cupti_csv_summary_and_png(tmp_path: Path) -> None:
     csv_path = tmp_path / "trace.csv"
     _cupti_csv(csv_path)
-    res = subprocess.run([sys.executable, str(SCRIPT), str(csv_path), "--no-plot", "--window-ms", "20", "--end-ms", "20"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, str(SCRIPT), str(csv_path), "--no-plot", "--window-ms", "20",
+                          "--end-ms", "20"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "GPU0: busy 75.0 %, two streams at once 25.0 %, copies in flight 25.0 % of 20.0 ms" in res.stdout
     assert "GPU1: busy 100.0 %, two streams at once 0.0 %, copies in flight 0.0 %" in res.stdout
     assert "host thread 4242: in CUDA calls 15.0 %, in synchronizing calls 10.0 %" in res.stdout
     pytest.importorskip("matplotlib")
     png = tmp_path / "t.png"
-    res = subprocess.run([sys.executable, str(SCRIPT), str(csv_path), "-o", str(png), "--window-ms", "20", "--end-ms", "20"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, str(SCRIPT), str(csv_path), "-o", str(png), "--window-ms", "20",
+                          "--end-ms", "20"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert "4 streams, 1 host threads" in res.stdout
@@ -100,7 +105,8 @@ def test_steps_and_top_kernels_from_a_cupti_csv(tmp_path: Path) -> None:
     trace = tmp_path / "trace.csv"
     trace.write_text("\n".join(lines) + "\n")
     res = subprocess.run([sys.executable, str(SCRIPT), str(trace), "--no-plot", "--window-ms", "50", "--end-ms", "49",
-                          "--top-kernels", "2", "--steps-d2h", str(1 << 20)], capture_output=True, text=True, timeout=120)
+                          "--top-kernels", "2", "--steps-d2h", str(1 << 20)],
+                         capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "steps: 4 cut at D2H copies" in out

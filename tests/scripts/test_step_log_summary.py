@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers.paths import SCRIPTS
 
 SCRIPT = SCRIPTS / "step-log-summary"
@@ -20,7 +21,7 @@ def _step(i: int, t: float, ms: float, generating: int, prompt: int) -> dict:
 
 def test_runs_kinds_and_gaps(tmp_path: Path) -> None:
     steps, t, i = [], 0.0, 0
-    for run in range(2):  # each: a prompt step of 50 ms, then 30 steps of 10 ms with 1 ms between them
+    for _ in range(2):  # each: a prompt step of 50 ms, then 30 steps of 10 ms with 1 ms between them
         steps.append(_step(i, t, 50.0, 3, 512))
         t += 0.050 + 0.001
         i += 1

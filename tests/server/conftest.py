@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.server import MAIN_ARGS, N_BATCH, N_UBATCH, SLOT_CTX, Server
 
+from helpers.server import MAIN_ARGS, N_BATCH, N_UBATCH, SLOT_CTX, Server
 from pyllama_so import Llama
 
 

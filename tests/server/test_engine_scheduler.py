@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from pyllama_so.server.engine import Job, PromptPiece, Scheduler, SlotInfo, SlotState, id_runs
 from pyllama_so.server.engine.scheduler import Admission, Eviction, Room
 

@@ -7,6 +7,7 @@ package and, for the error cases, raw HTTP (httpx).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -24,15 +25,14 @@ import httpx
 import numpy as np
 import openai
 import pytest
+
 from helpers.cuda_devices import cuda_device_count
 from helpers.server import HANG_GUARD_S, PROMPT, SLOT_CTX, Server, clear_slot_caches, reference, unique_tokens
-from pyllama_so import Llama, _llama, synth
-from pyllama_so import args as A
+from pyllama_so import Llama, _llama, args as A, synth
 from pyllama_so.bench.__main__ import parser as bench_parser
 from pyllama_so.bench.runner import DEFAULTS
 from pyllama_so.sampling import SamplingParams
-from pyllama_so.server.__main__ import main as server_main
-from pyllama_so.server.__main__ import parser as server_parser
+from pyllama_so.server.__main__ import main as server_main, parser as server_parser
 from pyllama_so.server.engine import Delta, Done, Engine, Event, Job, Step, id_runs
 
 CHATML = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"
@@ -227,7 +227,8 @@ def test_echo_logprobs_score_the_prompt_as_llama_does(server: Server, llm: Llama
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=HANG_GUARD_S) as r:
         assert r.status_code == 200
         if stream:
-            events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
+            events = [json.loads(line[5:]) for line in r.iter_lines()
+                      if line.startswith("data:") and "[DONE]" not in line]
             choices = [e["choices"][0] for e in events if e["choices"]]
             text = "".join(c["text"] for c in choices)
             lps = {k: [v for c in choices if c["logprobs"] for v in c["logprobs"][k]]
@@ -243,8 +244,8 @@ def test_echo_logprobs_score_the_prompt_as_llama_does(server: Server, llm: Llama
     n_prompt = len(want["logprobs"]["tokens"]) - 3
     assert n_prompt > 3 and all(lp <= 0 for lp in lps["token_logprobs"][1:])
     # several prompts, n choices each: every choice starts with its own prompt's rows
-    r = httpx.post(f"{server.url}/v1/completions", json={**body, "prompt": [PROMPT, "abc abc"], "n": 2, "stream": False},
-                   timeout=HANG_GUARD_S)
+    r = httpx.post(f"{server.url}/v1/completions",
+                   json={**body, "prompt": [PROMPT, "abc abc"], "n": 2, "stream": False}, timeout=HANG_GUARD_S)
     assert r.status_code == 200, r.text
     rows = [c["logprobs"]["token_logprobs"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
     n_abc = len(llm.tokenize("abc abc")) - (llm.tokenize("abc abc")[0] == llm.token_bos())
@@ -460,7 +461,8 @@ def test_step_log_has_a_line_per_step_with_its_tokens(tiny_model: Path, tmp_path
     time, each step's phases within its time. A path that cannot be written stops the start."""
     log_path = tmp_path / "steps.jsonl"
     prompt = unique_tokens(21, 40)
-    with Server(["-m", str(tiny_model), "-c", "512", "-np", "2", "-b", "64", "-ub", "16", "--step-log", str(log_path)]) as s:
+    with Server(["-m", str(tiny_model), "-c", "512", "-np", "2", "-b", "64", "-ub", "16",
+                 "--step-log", str(log_path)]) as s:
         r = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 6
@@ -468,7 +470,7 @@ def test_step_log_has_a_line_per_step_with_its_tokens(tiny_model: Path, tmp_path
     assert [x["step"] for x in lines] == list(range(len(lines)))
     assert sum(x["prompt_tokens"] for x in lines) == len(prompt)
     assert sum(x["generating"] for x in lines) == 5
-    assert all(a["t_start_s"] < b["t_start_s"] for a, b in zip(lines, lines[1:]))
+    assert all(a["t_start_s"] < b["t_start_s"] for a, b in itertools.pairwise(lines))
     for x in lines:
         assert x["ms"] > 0 and x["issue_ms"] + x["stream_ms"] + x["wait_ms"] <= x["ms"] + 1e-3, x
     bad = server_main(["-m", str(tiny_model), "--step-log", str(tmp_path / "no" / "such" / "dir" / "steps.jsonl")])
@@ -486,7 +488,8 @@ def test_a_request_takes_a_free_slot_next_to_the_busy_ones(tiny_model: Path) -> 
     ended: dict[str, Done] = {}
     done = {k: threading.Event() for k in "abcde"}
     # random tokens with no BOS, as a load's: no two prompts share their first token
-    prompts = {k: [100 * i + 3, *np.random.default_rng(30 + i).integers(3, 500, 11).tolist()] for i, k in enumerate("abcd")}
+    prompts = {k: [100 * i + 3, *np.random.default_rng(30 + i).integers(3, 500, 11).tolist()]
+               for i, k in enumerate("abcd")}
     prompts["e"] = prompts["a"] + [7, 8, 9]
 
     def job(name: str, max_tokens: int) -> Job:
@@ -794,7 +797,8 @@ def test_several_prompts_give_their_choices_in_order(server: Server) -> None:
         assert got == [c["text"] for a in alone for c in a["choices"]]
     assert out["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
     assert out["usage"]["completion_tokens"] == 24
-    ids = [server.post("/tokenize", {"content": t, "add_special": True}).json()["tokens"] for t in texts]  # as the text path
+    # as the text path
+    ids = [server.post("/tokenize", {"content": t, "add_special": True}).json()["tokens"] for t in texts]
     assert [c["text"] for c in complete(ids, 414)["choices"]] == got
 
 
@@ -821,7 +825,8 @@ def test_default_model_is_the_synthetic_one(keyed: Server) -> None:
     models = keyed.client().models.list().data
     assert [m.id for m in models] == [f"tiny-f16-v{synth.CACHE_VERSION}.gguf"]
     meta = (models[0].model_extra or {})["meta"]
-    assert (meta["chat_template"], meta["chat_template_source"]) == ("llama3", "the built-in chat template 'llama3' (--chat-template)")
+    assert ((meta["chat_template"], meta["chat_template_source"])
+            == ("llama3", "the built-in chat template 'llama3' (--chat-template)"))
 
 
 @pytest.mark.parametrize("key", [None, "wrong", "s3cret2"])

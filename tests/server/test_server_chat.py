@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from helpers.chat_prompts import CHATML, MESSAGES, RENDERED, SMOLLM2_PROMPT, SMOLLM2_QUESTION
 from helpers.server import N_BATCH, N_UBATCH, Server
 from pyllama_so import Llama, _llama
@@ -81,7 +82,8 @@ def test_apply_template(chat_server: Server, server_without_template: Server) ->
     # with tools, llama.cpp's chat layer renders it, as llama-server: the tool normalized, the BOS left to the
     # tokenizer (this vocabulary adds one)
     assert r.json() == {"prompt": '<|tools|>[{"type": "function", "function": {"name": "météo", "description": "", '
-                                  '"parameters": {}}}]\n' + RENDERED.removeprefix("<s>").removesuffix("<|assistant|>\n")}
+                                  '"parameters": {}}}]\n'
+                                  + RENDERED.removeprefix("<s>").removesuffix("<|assistant|>\n")}
     assert apply(server_without_template, {"messages": MESSAGES}).json() == {"prompt": CHATML}
 
 

@@ -16,7 +16,6 @@ import pytest
 
 from pyllama_so import Llama
 from pyllama_so.embeddings import normalize
-
 from server_process import ServerProcess  # scripts/server_process.py
 
 TEXTS = ["hello world", "The quick brown fox", "0123456789"]
@@ -49,7 +48,7 @@ def test_v1_embeddings_equal_llamas_normalised(mean_server: ServerProcess, tiny_
     res = client.embeddings.create(model="any", input=TEXTS)  # the client asks for base64 and decodes it
     want = [normalize(e) for e in llama_embed(tiny_model, TEXTS, "mean")]
     assert [d.index for d in res.data] == [0, 1, 2] and res.model == "any"
-    for d, w in zip(res.data, want):
+    for d, w in zip(res.data, want, strict=True):
         np.testing.assert_allclose(d.embedding, w, rtol=1e-4, atol=1e-5)
         assert np.linalg.norm(d.embedding) == pytest.approx(1.0, abs=1e-5)
     with Llama(tiny_model, vocab_only=True) as vocab:

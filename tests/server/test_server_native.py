@@ -18,10 +18,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from helpers.cuda_devices import cuda_device_count
 from helpers.logits_reference import generation_rows, log_softmax
 from helpers.server import MAIN_ARGS, PROMPT, SLOT_CTX, Server, clear_slot_caches, reference, unique_tokens
-from prometheus_client.parser import text_string_to_metric_families
 from pyllama_so import Llama, _llama, synth
 from pyllama_so.server.__main__ import main as server_main
 from pyllama_so.server.engine import Delta, Done, Engine, Event, Job
@@ -75,8 +76,8 @@ def test_completion_equals_v1_completions(server: Server, stream: bool) -> None:
     assert out["tokens_evaluated"] == want["usage"]["prompt_tokens"]
     assert (out["stop_type"], out["stopping_word"], out["truncated"]) == ("limit", "", False)
     settings = out["generation_settings"]
-    assert (settings["seed"], settings["temperature"], settings["top_k"], settings["n_predict"], settings["stream"]) == (
-        11, 1.2, 0, 24, stream)
+    assert (settings["seed"], settings["temperature"], settings["top_k"], settings["n_predict"],
+            settings["stream"]) == (11, 1.2, 0, 24, stream)
     assert out["timings"]["predicted_n"] == 24 and out["timings"]["prompt_n"] + out["timings"]["cache_n"] == \
         out["tokens_evaluated"]
     assert out["prompt"] == "<s>" + PROMPT  # the processed prompt, special tokens rendered
@@ -85,7 +86,8 @@ def test_completion_equals_v1_completions(server: Server, stream: bool) -> None:
 
 def test_greedy_completion_equals_llama(server: Server, llm: Llama) -> None:
     text, _, n_prompt, n_gen = reference(llm, PROMPT, 16)
-    out = server.post("/completion", {"prompt": PROMPT, "n_predict": 16, "temperature": 0, "return_tokens": True}).json()
+    out = server.post("/completion",
+                      {"prompt": PROMPT, "n_predict": 16, "temperature": 0, "return_tokens": True}).json()
     assert (out["content"], out["tokens_evaluated"], out["tokens_predicted"]) == (text, n_prompt, n_gen)
     assert llm.detokenize(out["tokens"]).decode("utf-8", "replace") == text
 
@@ -99,7 +101,7 @@ def test_n_probs_are_the_log_softmax_of_the_logits(server: Server, llm: Llama) -
     probs, tokens = out["completion_probabilities"], out["tokens"]
     assert len(probs) == len(tokens) == 6
     logits = generation_rows(llm, prompt, tokens)
-    for p, tok, row in zip(probs, tokens, logits):
+    for p, tok, row in zip(probs, tokens, logits, strict=True):
         want = log_softmax(row)
         top = np.argsort(-want, kind="stable")[:3]
         assert p["id"] == tok and p["logprob"] == pytest.approx(want[tok], abs=LOGPROB_TOLERANCE)
@@ -113,7 +115,7 @@ def test_n_probs_are_the_log_softmax_of_the_logits(server: Server, llm: Llama) -
     # the same tokens and texts; the prompt now comes from the slot's cache with its last token evaluated alone
     # (on CUDA other kernels for that shape: equal to rounding, not to the bit)
     assert [(p["id"], p["token"], p["bytes"]) for p in again] == [(p["id"], p["token"], p["bytes"]) for p in probs]
-    for a, p in zip(again, probs):
+    for a, p in zip(again, probs, strict=True):
         assert [t["id"] for t in a["top_logprobs"]] == [t["id"] for t in p["top_logprobs"]]
         assert [a["logprob"], *(t["logprob"] for t in a["top_logprobs"])] == pytest.approx(
             [p["logprob"], *(t["logprob"] for t in p["top_logprobs"])], abs=LOGPROB_TOLERANCE)
@@ -139,8 +141,10 @@ def test_n_predict_zero_and_minus_one(server: Server) -> None:
 
 def test_stop_word_and_eos(server: Server, llm: Llama) -> None:
     full = reference(llm, PROMPT, 32)[0]
-    stop = next(full[i:i + 2] for i in range(4, len(full) - 1) if full[i:i + 2].isascii() and full[i:i + 2].isprintable())
-    out = server.post("/completion", {"prompt": PROMPT, "n_predict": 32, "temperature": 0, "stop": ["never", stop]}).json()
+    stop = next(full[i:i + 2] for i in range(4, len(full) - 1)
+                if full[i:i + 2].isascii() and full[i:i + 2].isprintable())
+    out = server.post("/completion",
+                      {"prompt": PROMPT, "n_predict": 32, "temperature": 0, "stop": ["never", stop]}).json()
     assert (out["stop_type"], out["stopping_word"]) == ("word", stop) and out["content"] == full[:full.index(stop)]
     eos = server.post("/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0,
                                       "logit_bias": [[llm.token_eos(), 100.0]]}).json()
@@ -316,7 +320,8 @@ def test_props(server: Server, tiny_model: Path) -> None:
     props = httpx.get(f"{server.url}/props").json()
     defaults = props["default_generation_settings"]
     assert defaults["n_ctx"] == SLOT_CTX and props["total_slots"] == 4
-    assert (defaults["params"]["temperature"], defaults["params"]["n_predict"], defaults["params"]["top_k"]) == (0.8, -1, 40)
+    params = defaults["params"]
+    assert (params["temperature"], params["n_predict"], params["top_k"]) == (0.8, -1, 40)
     assert props["model_path"] == str(tiny_model) and props["model_alias"] == tiny_model.name
     assert props["chat_template"] == "chatml" and props["build_info"].startswith("pyllama_so-")
     assert (props["bos_token"], props["eos_token"]) == ("<s>", "</s>")
@@ -358,7 +363,8 @@ def test_aliases(server: Server) -> None:
     v1 = server.post("/v1/chat/completions", chat).json()
     alias = server.post("/chat/completions", chat).json()
     assert alias["choices"][0]["message"] == v1["choices"][0]["message"]
-    assert httpx.get(f"{server.url}/models").json()["data"][0]["id"] == httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+    assert (httpx.get(f"{server.url}/models").json()["data"][0]["id"]
+            == httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"])
     assert httpx.get(f"{server.url}/v1/health").json() == {"status": "ok"}
 
 
@@ -451,8 +457,9 @@ def test_infill_prompt_layout(fim_server: Server, llm: Llama) -> None:
     assert len(tok(prefix)) > 192
     body = {"input_prefix": prefix, "input_suffix": "    return y\n", "prompt": "  ", "n_predict": 6,
             "temperature": 0, "input_extra": [{"filename": "a.py", "text": "A = 1\n"}]}
-    want = [FIM["rep"], *tok("myproject\n"), FIM["sep"], *tok("a.py\n"), *tok("A = 1\n"), FIM["sep"], *tok("filename\n"),
-            1, FIM["pre"], *tok(prefix)[-192:], *tok("  "), FIM["suf"], *tok("    return y\n"), FIM["mid"]]
+    want = [FIM["rep"], *tok("myproject\n"), FIM["sep"], *tok("a.py\n"), *tok("A = 1\n"), FIM["sep"],
+            *tok("filename\n"), 1, FIM["pre"], *tok(prefix)[-192:], *tok("  "), FIM["suf"], *tok("    return y\n"),
+            FIM["mid"]]
     out = fim_server.post("/infill", body).json()
     assert out["tokens_evaluated"] == len(want), out
     assert out["prompt"] == llm.model.detokenize_bytes(want, unparse_special=True).decode()
@@ -496,7 +503,8 @@ def test_temp_seed_and_n_predict_defaults(configured: Server, server: Server) ->
     v1 = configured.post("/v1/completions", free).json()
     assert v1["choices"][0]["text"] == same and v1["usage"]["completion_tokens"] == 6  # not OpenAI's 16
     assert configured.post("/v1/completions", {**free, "max_tokens": 3}).json()["usage"]["completion_tokens"] == 3
-    chat = configured.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True})
+    chat = configured.post("/v1/chat/completions",
+                           {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True})
     assert chat.json()["usage"]["completion_tokens"] == 6
     params = httpx.get(f"{configured.url}/props", headers={"X-Api-Key": "s3cret"}).json()[
         "default_generation_settings"]["params"]
@@ -509,7 +517,8 @@ def test_metrics_count_requests(configured: Server) -> None:
     assert {"llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing",
             "llamacpp:requests_deferred", "llamacpp:n_decode_total", "llamacpp:prompt_seconds_total",
             "llamacpp:tokens_predicted_seconds_total", "llamacpp:n_busy_slots_per_decode",
-            "llamacpp:prompt_tokens_seconds", "llamacpp:predicted_tokens_seconds", "llamacpp:n_tokens_max"} <= set(before)
+            "llamacpp:prompt_tokens_seconds", "llamacpp:predicted_tokens_seconds",
+            "llamacpp:n_tokens_max"} <= set(before)
     out = configured.post("/completion", {"prompt": unique_tokens(108, 25), "n_predict": 5, "ignore_eos": True}).json()
     after = metrics(configured, "s3cret")
     assert after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"] == out["timings"]["prompt_n"]
@@ -582,11 +591,13 @@ def test_cors_preflight_reflects_any_origin_by_default(configured: Server) -> No
     """llama-server's default: any Origin is echoed back with credentials allowed; a preflight needs no key."""
     origin = "https://app.example"
     pre = httpx.options(f"{configured.url}/completion", headers={
-        "Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "x-api-key, content-type"})
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "x-api-key, content-type"})
     assert pre.status_code == 200, pre.text
     assert pre.headers["access-control-allow-origin"] == origin
     assert pre.headers["access-control-allow-credentials"] == "true"
-    assert {"GET", "POST", "DELETE", "OPTIONS"} <= {m.strip() for m in pre.headers["access-control-allow-methods"].split(",")}
+    methods = {m.strip() for m in pre.headers["access-control-allow-methods"].split(",")}
+    assert {"GET", "POST", "DELETE", "OPTIONS"} <= methods
     assert pre.headers["access-control-allow-headers"] == "x-api-key, content-type"
     simple = httpx.post(f"{configured.url}/completion", json={"prompt": "Hi", "n_predict": 1},
                         headers={"Origin": origin, "X-Api-Key": "s3cret"})
@@ -603,7 +614,8 @@ def test_no_slots_and_listed_cors_origins(tiny_model: Path) -> None:
         assert httpx.get(f"{s.url}/props").json()["endpoint_slots"] is False
 
         def preflight(origin: str) -> httpx.Response:
-            return httpx.options(f"{s.url}/completion", headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
+            return httpx.options(f"{s.url}/completion",
+                                 headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
         assert preflight("http://good.example").headers["access-control-allow-origin"] == "http://good.example"
         evil = preflight("http://evil.example")
         assert evil.status_code == 400 and "access-control-allow-origin" not in evil.headers

@@ -35,8 +35,9 @@ def test_concurrent_seeded_streams_equal_one_at_a_time_and_llama(server: Server,
     assert want == alone
 
 
-@pytest.mark.parametrize("extra", [{"logit_bias": {"77": 100}}, {"mirostat": 2}, {"dry_multiplier": 2.0, "dry_allowed_length": 1},
-                                   {"typical_p": 0.3}, {"presence_penalty": 1.5}, {"repeat_last_n": 8, "repeat_penalty": 3.0}])
+@pytest.mark.parametrize("extra", [{"logit_bias": {"77": 100}}, {"mirostat": 2},
+                                   {"dry_multiplier": 2.0, "dry_allowed_length": 1}, {"typical_p": 0.3},
+                                   {"presence_penalty": 1.5}, {"repeat_last_n": 8, "repeat_penalty": 3.0}])
 def test_each_parameter_reaches_the_chain(server: Server, llm: Llama, extra: dict) -> None:
     base = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5, max_tokens=48,
                 prompt="one two three one two three one two three one two three")
@@ -52,8 +53,8 @@ def test_completion_logprobs_equal_llamas(server: Server, llm: Llama) -> None:
     want = llm.create_completion(PROMPT, max_tokens=8, temperature=0, logprobs=3)["choices"][0]
     assert got["text"] == want["text"]
     assert got["logprobs"]["tokens"] == want["logprobs"]["tokens"]
-    assert got["logprobs"]["token_logprobs"] == pytest.approx(want["logprobs"]["token_logprobs"],
-                                                       abs=2e-3 if cuda_device_count() else 1e-5)  # CUDA: other batch shapes
+    assert got["logprobs"]["token_logprobs"] == pytest.approx(  # CUDA: other batch shapes
+        want["logprobs"]["token_logprobs"], abs=2e-3 if cuda_device_count() else 1e-5)
 
 
 def test_chat_logprobs_through_the_openai_client(server: Server) -> None:
@@ -67,7 +68,8 @@ def test_chat_logprobs_through_the_openai_client(server: Server) -> None:
     assert out.system_fingerprint and out.system_fingerprint.startswith("pyllama_so-")
     streamed = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
                                               temperature=0, logprobs=True, top_logprobs=2, stream=True)
-    tokens = [c.token for ch in streamed if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    tokens = [c.token for ch in streamed if ch.choices and ch.choices[0].logprobs
+              for c in ch.choices[0].logprobs.content]
     assert tokens == [c.token for c in content]
 
 

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pyllama_so import Llama
-from pyllama_so.server.__main__ import main as server_main
-from pyllama_so.server.__main__ import parser as server_parser
-from pyllama_so.server.sampling_flags import sampling_defaults
 
+from pyllama_so import Llama
+from pyllama_so.server.__main__ import main as server_main, parser as server_parser
+from pyllama_so.server.sampling_flags import sampling_defaults
 from server_process import ServerProcess  # scripts/server_process.py
 
 ARGS = ["-t", "2", "-c", "512", "-np", "1"]
@@ -30,7 +29,8 @@ def test_flags_give_the_sampling_fields(monkeypatch: pytest.MonkeyPatch) -> None
                        "--mirostat", "2", "--mirostat-lr", "0.2", "--mirostat-ent", "4", "--top-n-sigma", "1.5",
                        "--xtc-probability", "0.5", "--xtc-threshold", "0.2", "--dry-multiplier", "0.8",
                        "--dry-base", "2", "--dry-allowed-length", "3", "--dry-penalty-last-n", "128",
-                       "--dry-sequence-breaker", "a", "--dry-sequence-breaker", "b", "-l", "15+1", "--logit-bias", "20-inf"])
+                       "--dry-sequence-breaker", "a", "--dry-sequence-breaker", "b", "-l", "15+1",
+                       "--logit-bias", "20-inf"])
     assert got == {"top_k": 1, "top_p": 0.5, "min_p": 0.0, "typical_p": 0.9, "penalty_last_n": 32,
                    "repeat_penalty": 1.1, "presence_penalty": 0.2, "frequency_penalty": 0.3, "mirostat_mode": 2,
                    "mirostat_eta": 0.2, "mirostat_tau": 4.0, "top_n_sigma": 1.5, "xtc_probability": 0.5,
@@ -56,7 +56,8 @@ def test_flags_give_the_sampling_fields(monkeypatch: pytest.MonkeyPatch) -> None
     (["--samplers", "top_k;temperature"], "argument --samplers: not supported by this server (a custom sampler order"),
     (["--dynatemp-range", "0.5"], "argument --dynatemp-range: not supported by this server (dynamic temperature)"),
 ])
-def test_bad_sampler_flags_exit_2_naming_the_flag(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_sampler_flags_exit_2_naming_the_flag(argv: list[str], says: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         defaults_of(argv)
     assert e.value.code == 2

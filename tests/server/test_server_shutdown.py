@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+
 from pyllama_so import _llama
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.server.engine import SHUTTING_DOWN, Delta, Done, Engine, EngineStopped, Event, Failed, Job, Step
-
 from server_process import ServerProcess  # scripts/server_process.py
 
 GRACE = 3.0

@@ -5,15 +5,15 @@ supported (never argparse's "unrecognized arguments", nor -cb read as -c b)."""
 
 from __future__ import annotations
 
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+
 from pyllama_so import Llama
 from pyllama_so.server.__main__ import parser as server_parser
 from pyllama_so.server.engine import Engine
-
 from server_process import ServerProcess  # scripts/server_process.py
 
 LLAMA_SERVER_LINE = ["-m", "model.gguf", "--jinja", "-cb", "--no-webui", "--offline", "--no-context-shift",
@@ -27,7 +27,8 @@ def test_a_llama_server_command_line_parses() -> None:
     assert (ns.threads_batch, ns.kv_unified, ns.use_mmap, ns.slot_prompt_similarity) == (4, True, False, 0.5)
     assert (ns.ctx_size, ns.parallel, ns.log_disable, ns.ignored_timeout) == (4096, 4, True, "600")
     plain = server_parser().parse_args(["-m", "model.gguf"])
-    assert (plain.threads_batch, plain.kv_unified, plain.use_mmap, plain.slot_prompt_similarity) == (None, False, True, 0.1)
+    assert ((plain.threads_batch, plain.kv_unified, plain.use_mmap, plain.slot_prompt_similarity)
+            == (None, False, True, 0.1))
     cb = server_parser().parse_args(["-cb"])  # not -c b
     assert cb.same_cont_batching and cb.ctx_size == plain.ctx_size
 
@@ -42,7 +43,8 @@ def test_a_llama_server_command_line_parses() -> None:
     (["--reasoning-format", "deepseek"], "only 'none' is supported"),
     (["-sps", "2"], "expected a number in [0, 1]"),
 ])
-def test_what_is_not_supported_exits_2_saying_so(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_what_is_not_supported_exits_2_saying_so(argv: list[str], says: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         server_parser().parse_args(argv)
     assert e.value.code == 2
@@ -77,7 +79,8 @@ def test_a_server_started_with_llama_server_flags_answers_as_llama(tiny_model: P
                         "-sps", "0", "--jinja", "-cb", "--no-webui", "--threads-http", "4"]) as s:
         props = httpx.get(f"{s.url}/props").json()
         assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] == 2
-        r = httpx.post(f"{s.url}/v1/completions", json={"prompt": prompt, "max_tokens": 10, "temperature": 0}, timeout=60)
+        r = httpx.post(f"{s.url}/v1/completions", json={"prompt": prompt, "max_tokens": 10, "temperature": 0},
+                       timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["text"] == want
         assert "--threads-http is ignored" in s.log

@@ -55,7 +55,7 @@ def test_chained_steps_sample_what_separate_steps_do(tiny_model: Path, ctx: Any)
     samplers = [_llama.Sampler(model, p) for p in params]
     ctx.decode_batch_sample_begin([(i, p, samplers[i], None) for i, p in enumerate(prompts)])
     got: list[list[int]] = [[], []]
-    for k in range(9):
+    for _ in range(9):
         outs, started, t_sampled, t_launched, error = ctx.decode_batch_sample_chain(
             [(i, None, samplers[i], None, True) for i in range(2)])
         assert error is None and t_launched >= t_sampled

@@ -126,7 +126,8 @@ def allreduce_stats():
 
 
 def allreduce_stats_reset():
-    cdef pyllama_so_allreduce_stats_reset_t fn = <pyllama_so_allreduce_stats_reset_t> _ar_proc(PYLLAMA_SO_AR_STATS_RESET_NAME)
+    cdef pyllama_so_allreduce_stats_reset_t fn = <pyllama_so_allreduce_stats_reset_t> _ar_proc(
+        PYLLAMA_SO_AR_STATS_RESET_NAME)
     if fn != NULL:
         fn()
 

@@ -38,8 +38,8 @@ def chat_apply_template(str template, messages, bint add_assistant=True):
             buf = <char *> malloc(size)
             got = llama_chat_apply_template(btmpl, chat, n, add_assistant, buf, size)
             if got < 0:
-                raise ValueError(f"llama_chat_apply_template cannot format these messages with the template {template[:80]!r}"
-                                 " (not one it knows, see chat_builtin_templates())")
+                raise ValueError("llama_chat_apply_template cannot format these messages with the template "
+                                 f"{template[:80]!r} (not one it knows, see chat_builtin_templates())")
             if got <= size:
                 return PyBytes_FromStringAndSize(buf, got).decode("utf-8", "replace")
             free(buf)

@@ -18,8 +18,8 @@ cdef cbool _python_progress(float progress, void * user_data) noexcept nogil:
 cdef llama_model_kv_override * _kv_override_array(list items) except NULL:
     """The C array of check_kv_overrides' items, terminated by an entry with an empty key (free it after
     the load: llama.cpp copies the overrides while loading)."""
-    cdef llama_model_kv_override * arr = <llama_model_kv_override *> calloc(len(items) + 1,
-                                                                          sizeof(llama_model_kv_override))
+    cdef llama_model_kv_override * arr = <llama_model_kv_override *> calloc(
+        len(items) + 1, sizeof(llama_model_kv_override))
     cdef bytes bkey, bval
     if arr == NULL:
         raise MemoryError()
@@ -63,7 +63,8 @@ cdef class Model:
         p.load_mode = LLAMA_LOAD_MODE_AUTO if use_mmap else LLAMA_LOAD_MODE_NONE
         p.progress_callback = _silent_progress
         if tensor_split is not None:
-            for i, v in enumerate(check_tensor_split(tensor_split, n_devices)):  # split_buf has llama_max_devices() entries
+            # split_buf has llama_max_devices() entries
+            for i, v in enumerate(check_tensor_split(tensor_split, n_devices)):
                 split_buf[i] = v
             p.tensor_split = split_buf
         if attn_split is not None:

@@ -35,7 +35,8 @@ def flash_attn_name(value):
         key = _FLASH_ATTN_ALIASES.get(value.lower(), value.lower())
         if key in FLASH_ATTN:
             return key
-    raise ValueError(f"unknown flash_attn {value!r}; expected a bool or one of {list(FLASH_ATTN) + list(_FLASH_ATTN_ALIASES)}")
+    raise ValueError(f"unknown flash_attn {value!r}; expected a bool or one of "
+                     f"{list(FLASH_ATTN) + list(_FLASH_ATTN_ALIASES)}")
 
 
 def cache_type_name(value, str what="cache type"):

@@ -12,8 +12,7 @@ import argparse
 import os
 import sys
 
-from pyllama_so import _llama
-from pyllama_so import args as A
+from pyllama_so import _llama, args as A
 from pyllama_so.bench.printers import PRINTERS
 from pyllama_so.bench.runner import DEFAULTS, BenchParams, run_benchmarks
 from pyllama_so.synth import SHAPES, cached_model
@@ -62,7 +61,8 @@ def params_from_args(ns: argparse.Namespace) -> BenchParams:
     return BenchParams(
         models=models, n_prompt=ns.n_prompt, n_gen=ns.n_gen, pg=ns.pg, n_depth=ns.n_depth,
         n_batch=ns.batch_size, n_ubatch=ns.ubatch_size, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode,
-        main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], attn_split=ns.attn_split or [()], flash_attn=ns.flash_attn,
+        main_gpu=ns.main_gpu, tensor_split=ns.tensor_split or [()], attn_split=ns.attn_split or [()],
+        flash_attn=ns.flash_attn,
         type_k=ns.cache_type_k, type_v=ns.cache_type_v, n_threads=ns.threads, split_overlap=ns.split_overlap,
         repetitions=ns.repetitions, warmup_runs=warmup_runs(ns), rpc_servers=tuple(ns.rpc[0]) if ns.rpc else ())
 

@@ -64,7 +64,8 @@ _ERRORS = {
     PYLLAMA_SO_AR_EINVAL: "invalid parameters (or bindings built against another allreduce-rig.h)",
     PYLLAMA_SO_AR_ENODEV: "device index out of range, or the CUDA backend could not be initialised on it",
     PYLLAMA_SO_AR_ENOCOMM: "the CUDA backend created no comm context",
-    PYLLAMA_SO_AR_EDECLINED: "the comm context declined the reduction (it would fall back to the meta backend's generic path)",
+    PYLLAMA_SO_AR_EDECLINED: "the comm context declined the reduction (it would fall back to the meta backend's "
+                             "generic path)",
     PYLLAMA_SO_AR_ENOMEM: "out of memory for the test/benchmark buffers",
     PYLLAMA_SO_AR_EUNSUPPORTED: "not supported on this platform",
 }
@@ -118,7 +119,8 @@ def run(x0, x1, int n_iter, unsigned int inactive, devices, int64_t n_alt, allre
 
 
 def bench(nb, str mode, int n_warmup, int n_iter, devices, bint host_time, allreduce=None):
-    """nb: a non-empty int64 array of byte counts; returns (us, host_us, queued_us) float64 arrays (NaN: not measured)."""
+    """nb: a non-empty int64 array of byte counts; returns (us, host_us, queued_us) float64 arrays (NaN: not
+    measured)."""
     us = np.zeros(nb.size, dtype=np.float64)
     host_us = np.full(nb.size, np.nan, dtype=np.float64)
     queued_us = np.full(nb.size, np.nan, dtype=np.float64)

@@ -41,10 +41,9 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from pyllama_so import _llama
-from pyllama_so import args as A
+from pyllama_so import _llama, args as A
 from pyllama_so.allreduce import ENV_ALLREDUCE, LL_MAX_BYTES_LIMIT, AllReduceParams
 from pyllama_so.bench import allreduce_rig
 
@@ -73,7 +72,7 @@ CEILING_ROWS = {f"ceiling_c{kib}k": kib << 10 for kib in CEILING_CHUNKS_KIB}
 PATHS: dict[str, PathSetup] = {
     "ce": PathSetup(_CE, None, "ce"),
     **{name: PathSetup(AllReduceParams(copy_engines=True, min_bytes=1, chunk_bytes=kib << 10), None, "ce")
-       for name, kib in zip(SWEEP_PATHS, SWEEP_CHUNKS_KIB)},
+       for name, kib in zip(SWEEP_PATHS, SWEEP_CHUNKS_KIB, strict=True)},
     "nccl": PathSetup(_OFF, {ENV_ALLREDUCE: "nccl"}, "nccl"),
     "internal": PathSetup(_OFF, {ENV_ALLREDUCE: "internal"}, "internal"),
     "ll": PathSetup(_LL, None, "ll"),
@@ -101,7 +100,7 @@ def fmt_size(n: int) -> str:
     return f"{n} B"
 
 
-def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int]) -> dict[str, object]:
+def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int]) -> dict[str, Any]:
     """Times one comm-context path in this process; `sizes` are payloads (F32 tensor = 2x)."""
     params, _, counter = PATHS[path]
     _llama.allreduce_stats_reset()
@@ -112,14 +111,14 @@ def time_path(path: str, sizes: Sequence[int], warmup: int, iters: int, devices:
         return {"error": str(e)}
     stats = _llama.allreduce_stats()["paths"]
     ran = {name: v["calls"] for name, v in stats.items() if v["calls"]}
-    out: dict[str, object] = {"us": us, "host_us": host_us, "queued_us": queued_us, "paths_counted": ran}
+    out: dict[str, Any] = {"us": us, "host_us": host_us, "queued_us": queued_us, "paths_counted": ran}
     if set(ran) != {counter}:
         out["warning"] = f"expected every reduction on {counter!r}, counted {ran}"
     return out
 
 
 def time_ceiling(sizes: Sequence[int], warmup: int, iters: int, devices: Sequence[int],
-                 chunk_bytes: int | None = None) -> dict[str, object]:
+                 chunk_bytes: int | None = None) -> dict[str, Any]:
     """The pinned-copy ceiling; with chunk_bytes, the same traffic issued as copies of that size (else in copies of
     the chunk size that GGML_CUDA_AR_CE_CHUNK_BYTES sets, whole otherwise)."""
     params = None if chunk_bytes is None else AllReduceParams(chunk_bytes=chunk_bytes)
@@ -130,7 +129,7 @@ def time_ceiling(sizes: Sequence[int], warmup: int, iters: int, devices: Sequenc
         return {"error": str(e)}
 
 
-def time_in_child(path: str, extra_env: dict[str, str], args: argparse.Namespace) -> dict[str, object]:
+def time_in_child(path: str, extra_env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     """Times `path` in a child process whose environment adds the path's child_env and extra_env."""
     cmd = [sys.executable, "-m", "pyllama_so.bench.allreduce", "--worker", path,
            "--sizes", ",".join(str(s) for s in args.sizes), "--warmup", str(args.warmup),
@@ -145,7 +144,7 @@ def time_in_child(path: str, extra_env: dict[str, str], args: argparse.Namespace
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def cuda_devices() -> list[dict[str, object]]:
+def cuda_devices() -> list[dict[str, Any]]:
     return [d for d in _llama.devices() if d["backend"] == "CUDA"]
 
 
@@ -154,9 +153,9 @@ def two_cuda_gpus() -> bool:
     return allreduce_rig.available() and len(cuda_devices()) >= 2
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     cuda = cuda_devices()  # the C side takes CUDA device indices, so args.devices index this list
-    results: dict[str, dict[str, object]] = {}
+    results: dict[str, dict[str, Any]] = {}
     results["ceiling"] = time_ceiling(args.sizes, args.warmup, args.iters, args.devices)
     order = list(args.paths)
     if args.ce_sweep:
@@ -172,11 +171,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             results[path] = time_path(path, args.sizes, args.warmup, args.iters, args.devices)
 
     ceiling = results["ceiling"].get("us")
-    for name, res in results.items():
+    for res in results.values():
         us = res.get("us")
         if not us:
             continue
-        res["algbw_gbs"] = [s / (t * 1e-6) / 1e9 if t > 0 else None for s, t in zip(args.sizes, us)]
+        res["algbw_gbs"] = [s / (t * 1e-6) / 1e9 if t > 0 else None for s, t in zip(args.sizes, us, strict=True)]
         if ceiling:
             res["ratio_to_ceiling"] = _ratios(ceiling, us)
             if "queued_us" in res:
@@ -194,13 +193,14 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 def _ratios(ceiling: Sequence[float], times: Sequence[float | None]) -> list[float | None]:
     """Ceiling time / time per size; None where a time is missing or zero."""
-    return [c / t if t else None for c, t in zip(ceiling, times)]
+    return [c / t if t else None for c, t in zip(ceiling, times, strict=True)]
 
 
-def print_table(report: dict[str, object]) -> None:
+def print_table(report: dict[str, Any]) -> None:
     sizes = report["sizes"]
     results = report["results"]
-    print("| size | path | time (µs) | algBW (GB/s) | vs ceiling | host µs to issue | GPU µs, queued | queued vs ceiling |")
+    print("| size | path | time (µs) | algBW (GB/s) | vs ceiling | host µs to issue | GPU µs, queued "
+          "| queued vs ceiling |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     none = [None] * len(sizes)
     for k, size in enumerate(sizes):
@@ -260,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def write_json(dest: str | None, data: dict[str, object]) -> None:
+def write_json(dest: str | None, data: dict[str, Any]) -> None:
     """--json: to a file, '-' for stdout, None for nowhere."""
     if dest is None:
         return

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from pyllama_so import __version__, _build_info
 from pyllama_so.bench.runner import DEFAULTS, BenchParams, TestResult, backend_name, cpu_info, gpu_info
 
 
-def tensor_split_str(ts: tuple[float, ...] | None) -> str:
+def tensor_split_str(ts: Sequence[float] | None) -> str:
     """As llama-bench writes it: %.2f per device up to the last non-zero one ("0.00" when none)."""
     ts = ts or ()
     last = max((i for i, v in enumerate(ts) if v > 0), default=0)
     return "/".join(f"{v:.2f}" for v in (ts or (0.0,))[: last + 1])
 
 
-def attn_split_str(a: tuple[float, ...] | None) -> str:
+def attn_split_str(a: Sequence[float] | None) -> str:
     """-as as tensor_split_str writes -ts; "-" when it follows the tensor split."""
     return tensor_split_str(a) if a else "-"
 

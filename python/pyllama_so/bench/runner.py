@@ -80,7 +80,8 @@ class BenchParams:
         mixes split modes still runs the rest."""
         skipped: set[str] = set()
         contexts = []
-        for b, ub, t, fa, tk, tv, so in itertools.product(self.n_batch, self.n_ubatch or [None], self.n_threads,
+        ubatches: list[int | None] = [*self.n_ubatch] if self.n_ubatch else [None]
+        for b, ub, t, fa, tk, tv, so in itertools.product(self.n_batch, ubatches, self.n_threads,
                                                           self.flash_attn, self.type_k, self.type_v,
                                                           self.split_overlap):
             try:  # n_ctx is each test's own (run_benchmarks)

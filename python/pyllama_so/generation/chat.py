@@ -56,9 +56,9 @@ def chat_completion(llm: Llama, messages: Sequence[Mapping[str, Any]], functions
     out = llm.create_completion(tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 min_p=min_p, stop=stops + [s for s in template.stops if s not in stops],
                                 seed=seed, stream=stream, **extra)
-    if stream:
-        return responses.chat_chunks(out, name)  # type: ignore[arg-type]
-    return responses.chat_response(out, name)  # type: ignore[arg-type]
+    if isinstance(out, dict):  # not streamed
+        return responses.chat_response(out, name)
+    return responses.chat_chunks(out, name)
 
 
 def chat_with_tools(llm: Llama, template: Any, messages: Sequence[Mapping[str, Any]],
@@ -86,10 +86,9 @@ def chat_with_tools(llm: Llama, template: Any, messages: Sequence[Mapping[str, A
     grammar = ToolCallGrammar(tc.grammar) if tc.grammar else None
     out = llm.create_completion(tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 min_p=min_p, stop=stops, seed=seed, stream=stream, **{**extra, "grammar": grammar})
-    if stream:
-        return responses.tool_call_chunks(responses.chat_chunks(out, name),  # type: ignore[arg-type]
-                                          ToolCallStream(tc.parser))
-    out = responses.chat_response(out, name)  # type: ignore[arg-type]
+    if not isinstance(out, dict):  # streamed
+        return responses.tool_call_chunks(responses.chat_chunks(out, name), ToolCallStream(tc.parser))
+    out = responses.chat_response(out, name)
     choice = out["choices"][0]
     choice["message"] = parse_message(tc.parser, choice["message"]["content"])
     choice["finish_reason"] = finish_reason("tool_calls" in choice["message"], choice["finish_reason"])

@@ -26,6 +26,8 @@ def constraint(grammar: str | LlamaGrammar | None, response_format: dict[str, An
     if isinstance(grammar, ToolCallGrammar) and response_format is None:  # a chat with tools (chat.py)
         return grammar
     text, root = resolve_grammar(grammar, response_format)
+    if isinstance(text, dict):  # a ToolCallGrammar, with a response_format that constrains nothing
+        return ToolCallGrammar(text)
     return None if text is None else LlamaGrammar(text, root)
 
 

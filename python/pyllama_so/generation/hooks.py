@@ -12,7 +12,7 @@ LogitsProcessor = Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], npt.N
 StoppingCriteria = Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], bool]
 
 
-class LogitsProcessorList(list):  # type: ignore[type-arg]
+class LogitsProcessorList(list[LogitsProcessor]):
     """Processors applied in order, as llama-cpp-python's LogitsProcessorList."""
 
     def __call__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
@@ -21,7 +21,7 @@ class LogitsProcessorList(list):  # type: ignore[type-arg]
         return scores
 
 
-class StoppingCriteriaList(list):  # type: ignore[type-arg]
+class StoppingCriteriaList(list[StoppingCriteria]):
     """Stops when any criterion says so, as llama-cpp-python's StoppingCriteriaList."""
 
     def __call__(self, input_ids: npt.NDArray[np.intc], logits: npt.NDArray[np.single]) -> bool:

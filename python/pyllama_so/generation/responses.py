@@ -86,7 +86,7 @@ def chat_logprobs(logprobs: Mapping[str, Any] | None) -> dict[str, Any] | None:
     tops = logprobs.get("top_logprobs") or [None] * len(logprobs["tokens"])
     content = [{"token": token, "logprob": logprob, "bytes": None,
                 "top_logprobs": [{"token": t, "logprob": lp, "bytes": None} for t, lp in (top or {}).items()]}
-               for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], tops)]
+               for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], tops, strict=True)]
     return {"content": content, "refusal": None}
 
 

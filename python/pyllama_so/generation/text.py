@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 
 from pyllama_so import _llama
 
-
 CONTEXT = 8  # tokens before a new one that its rendering may depend on
 
 

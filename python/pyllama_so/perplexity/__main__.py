@@ -15,10 +15,10 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from pyllama_so import _llama
-from pyllama_so import args as A
+from pyllama_so import _llama, args as A
 from pyllama_so.perplexity.base_file import BaseFile
 from pyllama_so.perplexity.run import DEFAULT_TOP_K, TEXT, Settings, Summary, run
 
@@ -52,7 +52,7 @@ def _duration(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def progress_printer(enabled: bool):
+def progress_printer(enabled: bool) -> Callable[[int, int, float, float], None]:
     """Chunks done, seconds per chunk, time left and the perplexity so far: one redrawn line on a terminal,
     else a line every 10 s (and the last one)."""
     tty = sys.stderr.isatty()

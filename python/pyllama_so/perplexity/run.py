@@ -21,7 +21,7 @@ from pyllama_so.perplexity.scoring import BaseRows, Comparison, base_rows, compa
 # Lewis Carroll, Alice's Adventures in Wonderland (1865; public domain), the Millennium Fulcrum Edition 2.9 text
 # that the Canterbury corpus has as alice29.txt, taken from the Brotli 1.2.1 source distribution on PyPI
 # (tests/testdata/alice29.txt, sha256 7467306e...c38f0) with its CRLF line ends made LF: 148481 bytes.
-TEXT = resources.files("pyllama_so").joinpath("data", "alice29.txt")
+TEXT = resources.files("pyllama_so") / "data" / "alice29.txt"
 
 DEFAULT_TOP_K = 64
 
@@ -66,7 +66,8 @@ class Settings:
         """A context of one chunk: n_batch and n_ubatch at most one chunk (llama-perplexity's n_batch); an
         n_ubatch above n_batch is refused as everywhere."""
         return config.ContextParams(
-            n_ctx=self.n_ctx, n_batch=self.batch, n_ubatch=None if self.n_ubatch is None else min(self.n_ubatch, self.n_ctx),
+            n_ctx=self.n_ctx, n_batch=self.batch,
+            n_ubatch=None if self.n_ubatch is None else min(self.n_ubatch, self.n_ctx),
             n_threads=self.n_threads, n_threads_batch=self.n_threads, flash_attn=self.flash_attn, type_k=self.type_k,
             type_v=self.type_v, split_overlap=self.split_overlap)
 
@@ -77,7 +78,9 @@ class Settings:
 
     @property
     def ubatch(self) -> int:
-        return self.context_params().n_ubatch
+        n_ubatch = self.context_params().n_ubatch
+        assert n_ubatch is not None  # None given becomes the default in ContextParams.__post_init__
+        return n_ubatch
 
     def flags(self) -> dict[str, Any]:
         """What the report and the base file record."""

@@ -20,10 +20,9 @@ import socket
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import Any, TextIO
 
-from pyllama_so import _llama
-from pyllama_so import args as A
+from pyllama_so import _llama, args as A
 from pyllama_so.config import ContextParams, ModelParams, create_context, load_model
 from pyllama_so.sampling import SamplingParams
 from pyllama_so.server.cors import cors_options
@@ -112,8 +111,8 @@ def parser() -> argparse.ArgumentParser:
 class _OnOff(argparse.Action):
     """--name turns it on, --no-name off (llama.cpp's paired flags)."""
 
-    def __init__(self, option_strings: list[str], dest: str, **kw: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, **kw)  # type: ignore[arg-type]
+    def __init__(self, option_strings: list[str], dest: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kw)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:

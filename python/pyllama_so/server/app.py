@@ -19,8 +19,7 @@ from pyllama_so.server.cors import cors_options
 from pyllama_so.server.embeddings import EmbeddingService
 from pyllama_so.server.engine import Engine
 from pyllama_so.server.middleware import ApiKeyMiddleware, JsonBodyMiddleware
-from pyllama_so.server.routers import embeddings as embedding_routes
-from pyllama_so.server.routers import native, openai, status
+from pyllama_so.server.routers import embeddings as embedding_routes, native, openai, status
 from pyllama_so.server.routers.state import put_state
 from pyllama_so.server.settings import ServerDefaults, ServerSettings
 

@@ -36,9 +36,10 @@ class EmbeddingService:
         """The service beside the slots' context (slots: its parameters, from the server's flags): a batch
         is one ubatch of -ub tokens (llama-server lowers -b to -ub with --embeddings the same way), the
         context holds one batch; threads, flash attention and cache types are the slots'."""
+        assert slots.n_ubatch is not None  # None given becomes the default in ContextParams.__post_init__
         n = min(slots.n_batch, slots.n_ubatch)
         params = dataclasses.replace(slots, n_ctx=n, n_batch=n, n_ubatch=n,
-                                     n_seq_max=embedding_sequences(n, model_params.split_mode),
+                                     n_seq_max=embedding_sequences(n, model_params),
                                      split_overlap=False, embeddings=True, pooling_type=pooling, kv_unified=True)
         ctx = config.create_context(model, params)
         try:

@@ -113,7 +113,7 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
 
 
 async def internal(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("%s %s failed", request.method, request.url.path)
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
     return _respond(request, 500, f"internal error: {exc}")
 
 

@@ -37,7 +37,8 @@ def infill_tokens(model: _llama.Model, prefix: Sequence[int], suffix: Sequence[i
                   extra: Sequence[Chunk], *, n_batch: int, n_ctx: int, n_predict: int = -1) -> list[int]:
     """The prompt's tokens; prefix, suffix and prompt already tokenized (without special tokens)."""
     fim = model.fim_tokens
-    if any(fim[k] is None for k in ("pre", "suf", "mid")):
+    pre, suf, mid = fim["pre"], fim["suf"], fim["mid"]
+    if pre is None or suf is None or mid is None:
         raise ValueError("the model has no fill-in-the-middle tokens: " + " ".join(missing_fim_tokens(model)))
 
     def text(s: str) -> list[int]:
@@ -59,5 +60,5 @@ def infill_tokens(model: _llama.Model, prefix: Sequence[int], suffix: Sequence[i
     n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
     n_context = min(max(0, n_ctx - n_batch - 2 * n_predict), len(context))
     head = [model.token_bos] if model.add_bos else []
-    return [*context[len(context) - n_context:], *head, fim["pre"], *prefix[len(prefix) - n_prefix:], *prompt,
-            fim["suf"], *suffix[:n_suffix], fim["mid"]]
+    return [*context[len(context) - n_context:], *head, pre, *prefix[len(prefix) - n_prefix:], *prompt,
+            suf, *suffix[:n_suffix], mid]

@@ -17,8 +17,8 @@ from typing import Any
 from fastapi import Request
 
 from pyllama_so import _llama
-from pyllama_so.grammar import GrammarError
 from pyllama_so.generation.logprobs import TokenLogprob
+from pyllama_so.grammar import GrammarError, GrammarSpec
 from pyllama_so.server.engine import Delta, Done, Engine, EngineStopped, Event, Failed, Job, PromptError, QueueFull
 from pyllama_so.server.errors import CONTEXT_EXCEEDED, ApiError
 from pyllama_so.server.schemas import GenerationRequest
@@ -38,7 +38,8 @@ def cancel_all(runs: Sequence[Run]) -> None:
         run.cancel()
 
 
-def start_runs(engine: Engine, makes: Sequence[Callable[[Callable[[Event], None]], Job]], prompt_param: str) -> list[Run]:
+def start_runs(engine: Engine, makes: Sequence[Callable[[Callable[[Event], None]], Job]],
+               prompt_param: str) -> list[Run]:
     """A request's choices, a Run of each make: all queued, or none (a failed submit cancels those before it)."""
     runs: list[Run] = []
     try:
@@ -56,7 +57,8 @@ async def collect_all(runs: Sequence[Run], request: Request) -> list[tuple[str, 
         results = await asyncio.gather(*(run.collect(request) for run in runs))
     finally:
         cancel_all(runs)
-    return None if any(r is None for r in results) else results  # type: ignore[return-value]
+    done = [r for r in results if r is not None]
+    return done if len(done) == len(results) else None
 
 
 async def merged(runs: Sequence[Run]) -> AsyncIterator[tuple[int, Event]]:
@@ -149,9 +151,9 @@ class Run:
 
 
 def make_job(engine: Engine, body: GenerationRequest, prompt: list[int], emit: Callable[[Event], None],
-             max_tokens: int | None, job_id: str, grammar: str | None, *, defaults: ServerDefaults = ServerDefaults(),
-             extra_stops: Sequence[str] = (), logit_bias: Mapping[int, float] | None = None, choice: int = 0,
-             **job: Any) -> Job:
+             max_tokens: int | None, job_id: str, grammar: GrammarSpec | None, *,
+             defaults: ServerDefaults = ServerDefaults(), extra_stops: Sequence[str] = (),
+             logit_bias: Mapping[int, float] | None = None, choice: int = 0, **job: Any) -> Job:
     """The request's Job, its sampling parameters checked here, before it is queued: a value out of range
     (or a logit_bias id outside the vocabulary) is a 400 naming the field. grammar: request_grammar's;
     defaults: the server's, for the fields the request leaves out; logit_bias: instead of the request's
@@ -195,7 +197,7 @@ async def _disconnected(request: Request) -> None:
         await asyncio.sleep(DISCONNECT_POLL_S)
 
 
-def request_grammar(model: _llama.Model, body: GenerationRequest) -> str | None:
+def request_grammar(model: _llama.Model, body: GenerationRequest) -> GrammarSpec | None:
     """The request's grammar (grammar, json_schema or response_format), converted and parsed for model's
     vocabulary: a bad one is a 400 with llama.cpp's message before any job is queued."""
     try:

@@ -6,7 +6,7 @@ checked strictly and unknown ones ignored; a field llama-server has that this se
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, StrictInt, field_validator
 
@@ -25,11 +25,11 @@ UNSUPPORTED = {"dynatemp_range": 0.0, "samplers": None, "post_sampling_probs": F
 class NativeCompletionRequest(GenerationRequest):
     """POST /completion. prompt: one, or several in a list (see prompts). n_cmpl (or n): that many completions
     of each prompt; an array of results when more than one in all, completion c of prompt p at index
-    p * n_cmpl + c (at most the server's slots in all). n_predict (also max_tokens / max_completion_tokens): -1 (default, or the server's
-    -n) until the end of the slot's context, 0 the prompt is evaluated into the cache and nothing is
-    generated. n_probs (also logprobs): the top-N log-probabilities of each generated token. logit_bias:
-    [[token, bias], ...] or {token: bias}, a token an id or a text (each of its tokens), a bias a number or
-    false (never sampled)."""
+    p * n_cmpl + c (at most the server's slots in all). n_predict (also max_tokens / max_completion_tokens):
+    -1 (default, or the server's -n) until the end of the slot's context, 0 the prompt is evaluated into the
+    cache and nothing is generated. n_probs (also logprobs): the top-N log-probabilities of each generated
+    token. logit_bias: [[token, bias], ...] or {token: bias}, a token an id or a text (each of its tokens), a
+    bias a number or false (never sampled)."""
 
     prompt: MixedPrompts
     n_predict: int | None = None
@@ -81,8 +81,8 @@ class NativeCompletionRequest(GenerationRequest):
         several prompts (texts, token id lists or mixed lists), anything else one."""
         v = self.prompt
         if isinstance(v, list) and v and not any(isinstance(p, int) for p in v):
-            return list(v)
-        return [v]
+            return [p for p in v if not isinstance(p, int)]  # all of them (the filter tells mypy so)
+        return [cast("str | list[int | str]", v)]  # one prompt: _prompt_lists refused lists beside token ids
 
     @field_validator("n_predict", "max_tokens", "max_completion_tokens")
     @classmethod
@@ -119,7 +119,7 @@ class InfillRequest(NativeCompletionRequest):
     input_prefix: MixedPrompt
     input_suffix: MixedPrompt
     input_extra: list[InfillExtra] = []
-    prompt: Text = ""  # type: ignore[assignment]
+    prompt: Text = ""
 
 
 class TokenizeRequest(BaseModel):

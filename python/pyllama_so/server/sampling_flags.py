@@ -71,7 +71,8 @@ def add_sampler_flags(ap: argparse.ArgumentParser) -> None:
         env = f" (env {f.env})" if f.env else ""
         group.add_argument(*f.names, dest=f"sampling_{f.field}", type=f.type, metavar="N",
                            default=os.environ.get(f.env) if f.env else None,
-                           help=f"the {f.field} of a request that gives none (default {getattr(SamplingParams(), f.field)}){env}")
+                           help=f"the {f.field} of a request that gives none "
+                                f"(default {getattr(SamplingParams(), f.field)}){env}")
     group.add_argument("--dry-sequence-breaker", dest="sampling_dry_sequence_breakers", action=_Breaker,
                        default=None, metavar="STRING",
                        help="a DRY sequence breaker; the first replaces the defaults, 'none' leaves none")

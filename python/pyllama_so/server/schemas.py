@@ -6,13 +6,13 @@ text encoding takes."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from pyllama_so.generation.limits import max_tokens_limit
-from pyllama_so.grammar import resolve_grammar
 from pyllama_so.chat_template import ChatTemplate
+from pyllama_so.generation.limits import max_tokens_limit
+from pyllama_so.grammar import GrammarSpec, resolve_grammar
 from pyllama_so.sampling import SamplingParams
 
 
@@ -88,7 +88,8 @@ class GenerationRequest(_Body):
         # the fields with two request names (llama-server's and llama-cpp-python's)
         given["penalty_last_n"] = self.penalty_last_n if self.penalty_last_n is not None else self.repeat_last_n
         given["mirostat_mode"] = self.mirostat_mode if self.mirostat_mode is not None else self.mirostat
-        given["dry_sequence_breakers"] = None if self.dry_sequence_breakers is None else tuple(self.dry_sequence_breakers)
+        breakers = self.dry_sequence_breakers
+        given["dry_sequence_breakers"] = None if breakers is None else tuple(breakers)
         for name, value in (defaults or {}).items():
             if given.get(name) is None:
                 given[name] = value
@@ -104,7 +105,7 @@ class GenerationRequest(_Body):
         """The field n_logprobs comes from, for a 400."""
         return "logprobs"
 
-    def grammar_text(self) -> str | None:
+    def grammar_text(self) -> GrammarSpec | None:
         """GBNF for grammar / json_schema / response_format (pyllama_so.grammar; a GrammarError names the field).
         An empty grammar is none, as in llama-server."""
         return resolve_grammar(self.grammar or None, self.response_format, self.json_schema)[0]
@@ -136,9 +137,12 @@ class CompletionRequest(GenerationRequest):
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts, each a text or token ids, in order."""
         p = self.prompt
-        if isinstance(p, str) or not p or isinstance(p[0], int):
-            return [p]  # type: ignore[list-item]
-        return list(p)  # type: ignore[arg-type]
+        if isinstance(p, str):
+            return [p]
+        # validation left a list of one kind: token ids (or nothing), texts or token id lists
+        if not p or isinstance(p[0], int):
+            return [cast("list[int]", p)]
+        return cast("list[str | list[int]]", list(p))
 
     @property
     def token_limit(self) -> int | None:

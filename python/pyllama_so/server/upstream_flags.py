@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
 from pyllama_so import args as A
 
@@ -61,9 +62,9 @@ UNSUPPORTED = {
 
 
 class _Unsupported(argparse.Action):
-    def __init__(self, option_strings: list[str], dest: str, what: str = "", **kw: object) -> None:
+    def __init__(self, option_strings: list[str], dest: str, what: str = "", **kw: Any) -> None:
         self.what = what
-        super().__init__(option_strings, dest, **kw)  # type: ignore[arg-type]
+        super().__init__(option_strings, dest, **kw)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:

@@ -129,7 +129,8 @@ cdef gguf_context * _gguf_from_dict(dict kv, dict tensor_types) except NULL:
                 gguf_set_arr_str(g, bkey, strs, len(items))
                 free(strs)
                 strs = NULL
-            elif isinstance(val, (list, tuple, np.ndarray)) and len(val) and all(isinstance(v, (int, np.integer)) for v in val):
+            elif (isinstance(val, (list, tuple, np.ndarray)) and len(val)
+                  and all(isinstance(v, (int, np.integer)) for v in val)):
                 i32 = np.ascontiguousarray(val, dtype=np.int32)
                 gguf_set_arr_data(g, bkey, GGUF_TYPE_INT32, &i32[0], i32.shape[0])
             elif isinstance(val, (list, tuple, np.ndarray)) and len(val):

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pyllama_so import _llama
-from pyllama_so.generation import sampler as chains
-from pyllama_so.generation import scoring, sequence, text
+from pyllama_so.generation import sampler as chains, scoring, sequence, text
 from pyllama_so.generation.logprobs import LogprobRows, TokenLogprob
 from pyllama_so.server.engine.job import Delta, Failed, Job, emit
 from pyllama_so.server.engine.job_queue import JobQueue

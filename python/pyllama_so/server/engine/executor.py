@@ -282,11 +282,11 @@ class Executor:
         self._retired.free(next_running)
 
     def _record(self, running: RunningStep, sampled: list[Any], t_wait: float, t_end: float) -> StepOutput:
-        """What the running step, which ended at t_end (its wait began at t_wait), left in the slots: their caches, their
-        prompts' progress, and the tokens sampled."""
+        """What the running step, which ended at t_end (its wait began at t_wait), left in the slots: their caches,
+        their prompts' progress, and the tokens sampled."""
         self._stats.split_overlap = self._ctx.split_overlap_stats()
         outs = []
-        for e, out in zip(running.entries, sampled):
+        for e, out in zip(running.entries, sampled, strict=True):
             s, job = e.slot, e.job
             s.tokens.extend(e.tokens)  # in its KV cache, whether or not its job still runs
             if s.job is not job:  # it ended while the step ran (a stop string)

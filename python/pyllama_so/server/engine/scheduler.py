@@ -30,7 +30,7 @@ PREFIX_SHARE = 0.1
 def id_runs(ids: Iterable[int]) -> int:
     """How many runs of consecutive numbers the distinct ids make ({0, 1, 2, 5}: 2)."""
     v = sorted(set(ids))
-    return sum(1 for a, b in zip([None, *v], v) if a is None or b != a + 1)
+    return sum(1 for i, b in enumerate(v) if i == 0 or b != v[i - 1] + 1)
 
 
 @dataclass(frozen=True)

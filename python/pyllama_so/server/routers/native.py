@@ -30,10 +30,24 @@ from pyllama_so.server.chat import render, with_tools
 from pyllama_so.server.engine import Delta, Done, Engine
 from pyllama_so.server.errors import ApiError
 from pyllama_so.server.infill import Chunk, infill_tokens, missing_fim_tokens
-from pyllama_so.server.jobs import (Run, cancel_all, check_n, collect_all, failure, make_job, merged, request_grammar,
-                                    start_runs)
-from pyllama_so.server.native_schemas import (DetokenizeRequest, InfillRequest, NativeCompletionRequest,
-                                              TokenizeRequest, bias_value)
+from pyllama_so.server.jobs import (
+    Run,
+    cancel_all,
+    check_n,
+    collect_all,
+    failure,
+    make_job,
+    merged,
+    request_grammar,
+    start_runs,
+)
+from pyllama_so.server.native_schemas import (
+    DetokenizeRequest,
+    InfillRequest,
+    NativeCompletionRequest,
+    TokenizeRequest,
+    bias_value,
+)
 from pyllama_so.server.prompts import checked_ids, mixed_tokens, nonempty
 from pyllama_so.server.routers.state import ChatDep, EngineDep, SettingsDep
 from pyllama_so.server.schemas import ChatTemplateRequest
@@ -82,7 +96,8 @@ def probabilities(model: _llama.Model, rows: Sequence[TokenLogprob]) -> list[dic
     def entry(token: int, logprob: float | None) -> dict[str, Any]:
         piece = model.token_to_piece(token, special=True)
         return {"id": token, "token": piece.decode("utf-8", "ignore"), "bytes": list(piece), "logprob": logprob}
-    return [{**entry(r.token, r.logprob), "top_logprobs": [entry(t, lp) for t, (_, lp) in zip(r.top_tokens, r.top)]}
+    return [{**entry(r.token, r.logprob),
+             "top_logprobs": [entry(t, lp) for t, (_, lp) in zip(r.top_tokens, r.top, strict=True)]}
             for r in rows]
 
 
@@ -156,7 +171,7 @@ async def complete(body: NativeCompletionRequest, request: Request, prompts: lis
         if results is None:
             return {}  # the client is gone
         outs = [final(i, text, done, run.tokens if body.return_tokens else [], run.logprobs)
-                for i, (run, (text, done)) in enumerate(zip(runs, results))]
+                for i, (run, (text, done)) in enumerate(zip(runs, results, strict=True))]
         return outs[0] if len(outs) == 1 else outs  # llama-server: an array of results for several
     return stream(runs, model, prompts, n_choices, final, settings.stream_grace)
 

@@ -24,8 +24,17 @@ from pyllama_so.server import errors
 from pyllama_so.server.chat import render, with_tools
 from pyllama_so.server.engine import Delta, Done, Engine, Event
 from pyllama_so.server.errors import ApiError
-from pyllama_so.server.jobs import (Run, cancel_all, check_n, collect_all, failure, make_job, merged, request_grammar,
-                                    start_runs)
+from pyllama_so.server.jobs import (
+    Run,
+    cancel_all,
+    check_n,
+    collect_all,
+    failure,
+    make_job,
+    merged,
+    request_grammar,
+    start_runs,
+)
 from pyllama_so.server.prompts import checked_ids
 from pyllama_so.server.routers.state import ChatDep, EngineDep, SettingsDep
 from pyllama_so.server.schemas import ChatRequest, CompletionRequest, GenerationRequest
@@ -161,7 +170,7 @@ async def completions(body: CompletionRequest, request: Request, engine: EngineD
         return {}  # the client is gone
     choices = [choice(echo(i) + text, done.finish_reason,
                       completion_logprobs(run.logprobs) if run.job.logprobs is not None else None, i)
-               for i, (run, (text, done)) in enumerate(zip(started, results))]
+               for i, (run, (text, done)) in enumerate(zip(started, results, strict=True))]
     dones = [done for _, done in results]
     return {"id": cid, "object": "text_completion", "created": created, "model": model_id, "choices": choices,
             "system_fingerprint": FINGERPRINT, "usage": _usage(dones, body.n), "timings": dones[0].timings.as_dict()}
@@ -205,7 +214,7 @@ async def chat_completions(body: ChatRequest, request: Request, engine: EngineDe
     choices = [{"index": i, "message": message,
                 "logprobs": chat_logprobs(run.logprobs) if run.job.logprobs is not None else None,
                 "finish_reason": finish_reason("tool_calls" in message, done.finish_reason)}
-               for i, (run, message, (_, done)) in enumerate(zip(started, messages, results))]
+               for i, (run, message, (_, done)) in enumerate(zip(started, messages, results, strict=True))]
     dones = [done for _, done in results]
     return {"id": cid, "object": "chat.completion", "created": created, "model": model_id,
             "system_fingerprint": FINGERPRINT, "choices": choices, "usage": _usage(dones, body.n),
