@@ -29,13 +29,13 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from server_load import int_at_least  # scripts/server_load.py: the argparse type of a bounded integer
 from server_process import ServerProcess  # scripts/server_process.py
 from vram_peak import VramSampler, format_peak  # scripts/vram_peak.py
 
@@ -45,19 +45,6 @@ ENV_NOTED = ("GGML_CUDA_AR_CE", "NCCL_P2P_DISABLE", "GGML_CUDA_DEVICES", "CUDA_V
 
 class ScenarioError(RuntimeError):
     """A run that cannot be compared: a failed request, or a cache that was not reused."""
-
-
-def int_at_least(low: int) -> Callable[[str], int]:
-    # an argparse type: a bad size is a usage error, before any server starts
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
-        return value
-    return parse
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
